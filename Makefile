@@ -1,0 +1,44 @@
+# Two user-facing targets: `make demo` (the main job) and `make test`. Both create the
+# virtualenv and install what they need when it is missing, so a fresh clone needs nothing else.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint format typecheck unit protos clean venv
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m e2e.demo
+
+test: $(STAMP)
+	$(MAKE) lint typecheck
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest -m "not cluster and not node"
+
+protos: $(STAMP)
+	$(PY) -m dra_gpu.pb.generate
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

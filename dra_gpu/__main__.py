@@ -1,0 +1,3 @@
+from dra_gpu.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,24 @@
+"""The command line: only real subcommands, and a version users can report."""
+
+import subprocess
+import sys
+
+import dra_gpu
+from dra_gpu import cli
+
+
+def test_version_prints_package_version(capsys: object) -> None:
+    assert cli.main(["version"]) == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert out.startswith(f"dra-gpu {dra_gpu.__version__} ")
+
+
+def test_no_subcommand_is_a_usage_error() -> None:
+    assert cli.main([]) == 2
+
+
+def test_console_entry_runs_as_module() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra_gpu", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "version" in proc.stdout
