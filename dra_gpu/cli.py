@@ -16,7 +16,7 @@ from typing import Any
 import dra_gpu
 
 # Modules that provide subcommands, in the order --help lists them. Each has
-# ``register(subparsers: argparse._SubParsersAction[Any]) -> None`` that sets ``func`` on its parser.
+# ``register(subparsers)`` that adds its parser and sets ``func`` on it.
 SUBCOMMAND_MODULES: tuple[str, ...] = ()
 
 
