@@ -1,0 +1,251 @@
+"""Opaque config API (``resource.nvidia.com/v1beta1``).
+
+Cases:
+- valid configs of both kinds decode to the written values;
+- every invalid input gives a ConfigError naming the field path and the reason;
+- normalize fills defaults and is idempotent;
+- quantities convert exactly;
+- the committed JSON Schema files equal the export from the models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dra_gpu.config import (
+    ConfigError,
+    GpuConfig,
+    MigDeviceConfig,
+    MpsConfig,
+    TimeSlicingConfig,
+    default_gpu_config,
+    default_mig_device_config,
+    normalized,
+    parse_opaque_config,
+)
+from dra_gpu.config import schema as config_schema
+from dra_gpu.config.quantity import QuantityError, to_bytes
+
+API = "resource.nvidia.com/v1beta1"
+
+
+def gpu(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "GpuConfig", **fields}
+
+
+def mig(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "MigDeviceConfig", **fields}
+
+
+VALID = [
+    pytest.param(gpu(), GpuConfig, id="gpu-empty"),
+    pytest.param(gpu(sharing={"strategy": "TimeSlicing"}), GpuConfig, id="gpu-ts-bare"),
+    pytest.param(
+        gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
+        GpuConfig,
+        id="gpu-ts-long",
+    ),
+    pytest.param(
+        gpu(
+            sharing={
+                "strategy": "MPS",
+                "mpsConfig": {
+                    "defaultActiveThreadPercentage": 50,
+                    "defaultPinnedDeviceMemoryLimit": "10Gi",
+                    "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi", "GPU-abc-123": 1024},
+                },
+            }
+        ),
+        GpuConfig,
+        id="gpu-mps-full",
+    ),
+    pytest.param(mig(), MigDeviceConfig, id="mig-empty"),
+    pytest.param(mig(sharing={"strategy": "TimeSlicing"}), MigDeviceConfig, id="mig-ts"),
+    pytest.param(
+        mig(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
+        MigDeviceConfig,
+        id="mig-mps",
+    ),
+]
+
+
+@pytest.mark.parametrize(("params", "kind"), VALID)
+def test_valid_configs_decode(params: dict[str, Any], kind: type) -> None:
+    config = parse_opaque_config(params)
+    assert isinstance(config, kind)
+    assert config.model_dump(exclude_none=True) == _without_int_quantities(params)
+
+
+def _without_int_quantities(params: dict[str, Any]) -> dict[str, Any]:
+    # Integer quantities are stored as their decimal text.
+    mps = params.get("sharing", {}).get("mpsConfig", {})
+    per_device = mps.get("defaultPerDevicePinnedMemoryLimit")
+    if per_device:
+        per_device.update({k: str(v) for k, v in per_device.items()})
+    return params
+
+
+INVALID = [
+    pytest.param({"kind": "GpuConfig"}, "apiVersion: required field is missing", id="no-api"),
+    pytest.param(
+        {"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"},
+        "apiVersion: unsupported value 'resource.nvidia.com/v1'",
+        id="wrong-api",
+    ),
+    pytest.param(gpu(kind="TpuConfig"), "kind: unsupported value 'TpuConfig'", id="unknown-kind"),
+    pytest.param({"apiVersion": API}, "kind: required field is missing", id="no-kind"),
+    pytest.param(gpu(shareing={}), "shareing: unknown field", id="unknown-top-field"),
+    pytest.param(
+        gpu(sharing={"strategy": "TimeSlicing", "timeSlicing": {}}),
+        "sharing.timeSlicing: unknown field",
+        id="unknown-nested-field",
+    ),
+    pytest.param(
+        gpu(sharing={"strategy": "Fractional"}),
+        "sharing.strategy: must be one of 'TimeSlicing' or 'MPS', got 'Fractional'",
+        id="unknown-strategy",
+    ),
+    pytest.param(gpu(sharing={}), "sharing.strategy: required field is missing", id="no-strategy"),
+    pytest.param(
+        gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {}, "mpsConfig": {}}),
+        "sharing.mpsConfig: must not be set when strategy is TimeSlicing",
+        id="both-configs-ts",
+    ),
+    pytest.param(
+        gpu(sharing={"strategy": "MPS", "timeSlicingConfig": {"interval": "Short"}}),
+        "sharing.timeSlicingConfig: must not be set when strategy is MPS",
+        id="ts-config-with-mps",
+    ),
+    pytest.param(
+        mig(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}),
+        "sharing.mpsConfig: must not be set when strategy is TimeSlicing",
+        id="mig-mps-config-with-ts",
+    ),
+    pytest.param(
+        mig(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {}}),
+        "sharing.timeSlicingConfig: unknown field",
+        id="mig-has-no-timeslicing-config",
+    ),
+    pytest.param(
+        gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Huge"}}),
+        "sharing.timeSlicingConfig.interval: must be one of",
+        id="bad-interval",
+    ),
+    pytest.param(
+        gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
+        "sharing.mpsConfig.defaultActiveThreadPercentage: Input should be less than or equal",
+        id="percentage-high",
+    ),
+    pytest.param(
+        gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": "50"}}),
+        "sharing.mpsConfig.defaultActiveThreadPercentage: Input should be a valid integer",
+        id="percentage-string-not-coerced",
+    ),
+    pytest.param(
+        gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1 GB"}}),
+        "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: '1 GB' is not a valid quantity",
+        id="bad-quantity",
+    ),
+    pytest.param(
+        gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "-1Gi"}}),
+        "defaultPinnedDeviceMemoryLimit: '-1Gi' is not a valid quantity",
+        id="negative-quantity",
+    ),
+    pytest.param(
+        gpu(
+            sharing={
+                "strategy": "MPS",
+                "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"gpu0": "1Gi"}},
+            }
+        ),
+        "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.gpu0",
+        id="bad-device-key",
+    ),
+    pytest.param(
+        gpu(sharing="MPS"), "sharing: must be an object, got str", id="sharing-not-object"
+    ),
+]
+
+
+@pytest.mark.parametrize(("params", "message"), INVALID)
+def test_invalid_configs_name_field_and_reason(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_opaque_config(params)
+    assert message in str(info.value)
+    assert info.value.problems, "a ConfigError always lists its problems"
+
+
+def test_every_problem_is_reported() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_opaque_config(gpu(a=1, b=2))
+    assert [p.path for p in info.value.problems] == ["a", "b"]
+
+
+NORMALIZE = [
+    pytest.param(parse_opaque_config(gpu()), default_gpu_config(), id="gpu-default"),
+    pytest.param(parse_opaque_config(mig()), default_mig_device_config(), id="mig-default"),
+    pytest.param(
+        parse_opaque_config(gpu(sharing={"strategy": "TimeSlicing"})),
+        default_gpu_config(),
+        id="gpu-ts-gets-default-interval",
+    ),
+    pytest.param(
+        parse_opaque_config(gpu(sharing={"strategy": "MPS"})),
+        parse_opaque_config(gpu(sharing={"strategy": "MPS", "mpsConfig": {}})),
+        id="gpu-mps-gets-empty-config",
+    ),
+    pytest.param(
+        parse_opaque_config(mig(sharing={"strategy": "MPS"})),
+        parse_opaque_config(mig(sharing={"strategy": "MPS", "mpsConfig": {}})),
+        id="mig-mps-gets-empty-config",
+    ),
+]
+
+
+@pytest.mark.parametrize(("config", "expected"), NORMALIZE)
+def test_normalize_fills_defaults_idempotently(
+    config: GpuConfig | MigDeviceConfig, expected: GpuConfig | MigDeviceConfig
+) -> None:
+    once = normalized(config)
+    assert once == expected
+    assert normalized(once) == once
+
+
+def test_defaults_are_valid_configs() -> None:
+    for config in (default_gpu_config(), default_mig_device_config()):
+        assert parse_opaque_config(config.model_dump(exclude_none=True)) == config
+
+
+def test_models_are_frozen() -> None:
+    config = TimeSlicingConfig(interval="Short")
+    with pytest.raises(ValueError):
+        config.interval = "Long"  # type: ignore[misc]
+    assert MpsConfig().defaultActiveThreadPercentage is None
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1024", 1024),
+        ("1Ki", 1024),
+        ("1.5Gi", 3 * 2**29),
+        ("500M", 500_000_000),
+        ("1e3", 1000),
+        ("1500m", 2),
+        ("+2k", 2000),
+    ],
+)
+def test_quantity_to_bytes(text: str, value: int) -> None:
+    assert to_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "Gi", "1GB", "1 Gi", "-5", "0x10", "1.2.3"])
+def test_quantity_rejects(text: str) -> None:
+    with pytest.raises(QuantityError):
+        to_bytes(text)
+
+
+def test_committed_json_schema_matches_models() -> None:
+    assert config_schema.main(["--check"]) == 0, "run: python -m dra_gpu.config.schema"
