@@ -38,7 +38,7 @@ unit: $(STAMP)
 	$(PY) -m pytest -m "not cluster and not node"
 
 protos: $(STAMP)
-	$(PY) -m dra_gpu.pb.generate
+	$(PY) api/generate.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
