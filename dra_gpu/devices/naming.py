@@ -1,0 +1,125 @@
+"""Facts -> published devices: names, attributes and capacities (pure).
+
+Compatibility contract (claims written for NVIDIA's driver must select our devices unchanged):
+
+* full GPU ``gpu-<minor>``; MIG ``gpu-<parentMinor>-mig-<profile>-<giProfileId>-<placementStart>``
+  where ``<profile>`` is the profile name lower-cased with everything but ``[a-z0-9]`` dropped
+  (``1g.18gb`` -> ``1g18gb``, ``1g.18gb+me`` -> ``1g18gbme``) so the name stays a DNS label.
+* the minor number, not the NVML index, names a GPU: the index follows PCI enumeration order and
+  has changed across reboots, the minor is the ``/dev/nvidia<minor>`` node.
+* a GPU with MIG enabled is published only through its MIG devices: its whole-GPU form cannot be
+  handed to a container while MIG is on.
+* versions become semver (``580.159.04`` -> ``580.159.4``, ``9.0`` -> ``9.0.0``).
+* ``addressingMode`` and ``pcieRoot`` are left out when unknown rather than published empty.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from dra_gpu.devices import model
+from dra_gpu.devices.model import AttributeValue, Device, GpuInfo, MigDeviceInfo, Version
+
+_NOT_NAME_CHARS = re.compile(r"[^a-z0-9]")
+
+
+def gpu_device_name(minor: int) -> str:
+    return f"gpu-{minor}"
+
+
+def mig_device_name(*, parent_minor: int, profile: str, gi_profile_id: int, start: int) -> str:
+    compact = _NOT_NAME_CHARS.sub("", profile.lower())
+    return f"gpu-{parent_minor}-mig-{compact}-{gi_profile_id}-{start}"
+
+
+def compute_capability_version(cc: tuple[int, int]) -> Version:
+    return Version(cc[0], cc[1], 0)
+
+
+def _common_attributes(gpu: GpuInfo) -> dict[str, AttributeValue]:
+    attrs: dict[str, AttributeValue] = {
+        model.ATTR_PRODUCT_NAME: gpu.product_name,
+        model.ATTR_BRAND: gpu.brand,
+        model.ATTR_ARCHITECTURE: gpu.architecture,
+        model.ATTR_CUDA_COMPUTE_CAPABILITY: compute_capability_version(gpu.cuda_compute_capability),
+        model.ATTR_DRIVER_VERSION: Version.parse(gpu.driver_version),
+        model.ATTR_CUDA_DRIVER_VERSION: Version.parse(gpu.cuda_driver_version),
+        model.ATTR_PCI_BUS_ID: gpu.pci_bus_id,
+    }
+    if gpu.pcie_root:
+        attrs[model.ATTR_PCIE_ROOT] = gpu.pcie_root
+    return attrs
+
+
+def gpu_device(gpu: GpuInfo) -> Device:
+    attrs: dict[str, AttributeValue] = {
+        model.ATTR_TYPE: "gpu",
+        model.ATTR_UUID: gpu.uuid,
+        **_common_attributes(gpu),
+    }
+    if gpu.addressing_mode:
+        attrs[model.ATTR_ADDRESSING_MODE] = gpu.addressing_mode
+    return Device(
+        name=gpu_device_name(gpu.minor),
+        type="gpu",
+        uuid=gpu.uuid,
+        attributes=attrs,
+        capacity={model.CAP_MEMORY: gpu.memory_bytes},
+        gpu=gpu,
+    )
+
+
+def mig_device(gpu: GpuInfo, mig: MigDeviceInfo) -> Device:
+    attrs: dict[str, AttributeValue] = {
+        model.ATTR_TYPE: "mig",
+        model.ATTR_UUID: mig.uuid,
+        model.ATTR_PARENT_UUID: gpu.uuid,
+        model.ATTR_PROFILE: mig.profile,
+        **_common_attributes(gpu),
+    }
+    capacity = {
+        model.CAP_MULTIPROCESSORS: mig.multiprocessors,
+        model.CAP_COPY_ENGINES: mig.copy_engines,
+        model.CAP_DECODERS: mig.decoders,
+        model.CAP_ENCODERS: mig.encoders,
+        model.CAP_JPEG_ENGINES: mig.jpeg_engines,
+        model.CAP_OFA_ENGINES: mig.ofa_engines,
+        model.CAP_MEMORY: mig.memory_bytes,
+    }
+    name = mig_device_name(
+        parent_minor=gpu.minor,
+        profile=mig.profile,
+        gi_profile_id=mig.gi_profile_id,
+        start=mig.placement_start,
+    )
+    return Device(
+        name=name,
+        type="mig",
+        uuid=mig.uuid,
+        attributes=attrs,
+        capacity=capacity,
+        gpu=gpu,
+        mig=mig,
+    )
+
+
+def build_devices(gpus: Iterable[GpuInfo]) -> list[Device]:
+    """All devices a node publishes, ordered by GPU minor then MIG placement (deterministic).
+
+    Raises ``ValueError`` if two devices would get the same name (two GPUs reporting one minor):
+    publishing either would silently hide the other.
+    """
+    devices: list[Device] = []
+    for gpu in sorted(gpus, key=lambda g: g.minor):
+        if not gpu.mig_enabled:
+            devices.append(gpu_device(gpu))
+            continue
+        for mig in sorted(gpu.mig_devices, key=lambda m: (m.placement_start, m.gi_id, m.ci_id)):
+            devices.append(mig_device(gpu, mig))
+    seen: set[str] = set()
+    for d in devices:
+        if d.name in seen:
+            raise ValueError(f"two devices are named {d.name!r}; GPU minors must be unique")
+        seen.add(d.name)
+    return devices

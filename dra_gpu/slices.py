@@ -1,0 +1,127 @@
+"""Devices -> resource.k8s.io/v1 ResourceSlice objects (pure; no API client here).
+
+One pool per node, named after the node, published as ``ceil(n / 128)`` slices (at least one:
+an empty slice tells the scheduler the node has no devices rather than "not published yet").
+Every slice of a pool carries the same ``generation`` and ``resourceSliceCount``; a consumer
+uses only the highest generation, so the publisher bumps it whenever the device set changes.
+
+Slice names are deterministic (``<node>-<driver>-<i>``, made a valid DNS subdomain) so that a
+restarted plugin updates its own slices instead of leaking new ones.
+
+Attribute encoding: ``bool`` is tested before ``int`` (``bool`` is an ``int`` in Python) and
+``Version`` is distinct from ``str``. Capacities are Kubernetes quantities in their canonical
+binary form (``150754820096`` -> ``143771Mi``), which is what the API server returns anyway,
+so a published slice compares equal to the one read back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dra_gpu.devices.model import AttributeValue, Device, Version
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128
+MAX_NAME_LENGTH = 253
+
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_NOT_DNS = re.compile(r"[^a-z0-9.-]+")
+_DASHES = re.compile(r"-{2,}")
+_DOTS = re.compile(r"\.{2,}")
+
+
+def format_quantity(value: int) -> str:
+    """Canonical binary-SI quantity for a non-negative integer, as Kubernetes prints it."""
+    if value < 0:
+        raise ValueError(f"negative quantity {value}")
+    exp = 0
+    while value and value % 1024 == 0 and exp < len(_BINARY_SUFFIXES) - 1:
+        value //= 1024
+        exp += 1
+    return f"{value}{_BINARY_SUFFIXES[exp]}"
+
+
+def encode_attribute(value: AttributeValue) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, Version):
+        return {"version": str(value)}
+    return {"string": value}
+
+
+def device_to_api(device: Device) -> dict[str, Any]:
+    return {
+        "name": device.name,
+        "attributes": {k: encode_attribute(v) for k, v in device.attributes.items()},
+        "capacity": {k: {"value": format_quantity(v)} for k, v in device.capacity.items()},
+    }
+
+
+def slice_name(*, node_name: str, driver_name: str, index: int) -> str:
+    """``<node>-<driver>-<index>`` as a DNS subdomain; long names keep a hash of the original."""
+    raw = f"{node_name}-{driver_name}-{index}"
+    name = _DASHES.sub("-", _NOT_DNS.sub("-", raw.lower()))
+    name = _DOTS.sub(".", re.sub(r"\.-|-\.", "-", name)).strip(".-")
+    if name != raw or len(name) > MAX_NAME_LENGTH:
+        digest = hashlib.sha256(raw.encode()).hexdigest()[:10]
+        keep = MAX_NAME_LENGTH - len(digest) - len(str(index)) - 2
+        name = f"{name[:keep].strip('.-')}-{digest}-{index}"
+    return name
+
+
+def _chunks(devices: Sequence[Device], size: int) -> list[Sequence[Device]]:
+    if not devices:
+        return [()]
+    return [devices[i : i + size] for i in range(0, len(devices), size)]
+
+
+def build_resource_slices(
+    *,
+    devices: Sequence[Device],
+    driver_name: str,
+    node_name: str,
+    pool_generation: int,
+    node_owner: tuple[str, str] | None,
+    devices_per_slice: int = MAX_DEVICES_PER_SLICE,
+) -> list[dict[str, Any]]:
+    """The ResourceSlices that publish ``devices`` for ``node_name`` (order preserved).
+
+    ``node_owner`` is ``(node name, node uid)``: the slices are then garbage-collected with the
+    Node. ``devices_per_slice`` may only lower the API limit (64 applies once devices carry
+    taints or counters).
+    """
+    if not 0 < devices_per_slice <= MAX_DEVICES_PER_SLICE:
+        raise ValueError(f"devices_per_slice must be 1..{MAX_DEVICES_PER_SLICE}")
+    if pool_generation < 0:
+        raise ValueError("pool_generation must be >= 0")
+    chunks = _chunks(devices, devices_per_slice)
+    slices: list[dict[str, Any]] = []
+    for index, chunk in enumerate(chunks):
+        metadata: dict[str, Any] = {
+            "name": slice_name(node_name=node_name, driver_name=driver_name, index=index)
+        }
+        if node_owner is not None:
+            metadata["ownerReferences"] = [_node_owner_reference(*node_owner)]
+        spec: dict[str, Any] = {
+            "driver": driver_name,
+            "nodeName": node_name,
+            "pool": {
+                "name": node_name,
+                "generation": pool_generation,
+                "resourceSliceCount": len(chunks),
+            },
+            "devices": [device_to_api(d) for d in chunk],
+        }
+        slices.append(
+            {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": metadata, "spec": spec}
+        )
+    return slices
+
+
+def _node_owner_reference(name: str, uid: str) -> Mapping[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid, "controller": True}
