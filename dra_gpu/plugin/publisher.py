@@ -1,0 +1,216 @@
+"""Keeps the node's ResourceSlices equal to the inventory, through API errors and outages.
+
+Design:
+- Two threads. The reconcile loop lists this node's slices, asks ``slice_plan.plan`` what to
+  write, and writes it. The watch loop only wakes the reconcile loop: any event on our slices
+  (someone deleted one; the kubelet wiped them at its start), and every (re)connection of the
+  watch, which after an API server outage is the moment to look again.
+- The reconcile loop also runs after ``set_inventory`` (new devices) and every ``resync_s``.
+- Failures never end a loop: temporary ones (no answer, 5xx) back off exponentially up to
+  ``max_backoff_s``; a conflict or a missing object means "look again" after a short pause.
+  An outage is logged once when it starts and once when it ends, not on every attempt.
+- ``synced`` turns true after the first successful reconcile and stays true, so a liveness
+  probe on it does not restart the plugin while the API server is away.
+
+The store (``SliceStore``) is the only I/O; it is bound to one node and driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+from dra_gpu.plugin import apierrors, slice_plan
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+# Node owner reference -> slice bodies (names and pool fields are filled in by the planner).
+Renderer = Callable[[JSON], Sequence[JSON]]
+
+
+class SliceStore(Protocol):
+    """The API calls the publisher needs, for one node and driver. Raises ``apierrors``."""
+
+    def node_uid(self) -> str: ...
+
+    def list_slices(self) -> list[JSON]: ...
+
+    def create_slice(self, body: JSON) -> None: ...
+
+    def update_slice(self, body: JSON) -> None: ...
+
+    def delete_slice(self, name: str, *, uid: str) -> None: ...
+
+    def watch_slices(self, stop: threading.Event) -> Iterator[str]:
+        """Yield one item per event until the stream ends; returns at once when ``stop`` is set."""
+        ...
+
+
+def backoff_delay(failures: int, *, base_s: float = 0.2, max_s: float = 5.0) -> float:
+    """Exponential backoff: 0.2, 0.4, 0.8 … seconds, capped at ``max_s``."""
+    return float(min(max_s, base_s * 2 ** max(0, failures - 1)))
+
+
+def node_owner(node: str, uid: str) -> JSON:
+    """Owner reference to the Node, so the slices go away with it."""
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
+
+
+class Publisher:
+    def __init__(
+        self,
+        *,
+        store: SliceStore,
+        node: str,
+        driver: str,
+        render: Renderer,
+        resync_s: float = 60.0,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        self._store = store
+        self._node = node
+        self._driver = driver
+        self._render = render
+        self._resync_s = resync_s
+        self._max_backoff_s = max_backoff_s
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._synced = threading.Event()
+        self._outage = False
+
+    @property
+    def synced(self) -> bool:
+        """True once the slices were published at least once."""
+        return self._synced.is_set()
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self._synced.wait(timeout)
+
+    def set_inventory(self, render: Renderer) -> None:
+        """Publish slices from a new inventory (a new generation when the content changed)."""
+        with self._lock:
+            self._render = render
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self, stop: threading.Event) -> list[threading.Thread]:
+        threads = [
+            threading.Thread(target=self.run, args=(stop,), name="publisher", daemon=True),
+            threading.Thread(target=self.run_watch, args=(stop,), name="slice-watch", daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def reconcile_once(self) -> slice_plan.Plan:
+        """One pass: list, plan, write. Raises ``apierrors.ApiError`` on failure."""
+        with self._lock:
+            render = self._render
+        owner = node_owner(self._node, self._store.node_uid())
+        desired = render(owner)
+        existing = self._store.list_slices()
+        plan = slice_plan.plan(
+            desired=desired,
+            existing=existing,
+            node=self._node,
+            driver=self._driver,
+            last_generation=self._generation,
+        )
+        for body in plan.creates:
+            self._store.create_slice(body)
+        for body in plan.updates:
+            self._store.update_slice(body)
+        for gone in plan.deletes:
+            with contextlib.suppress(apierrors.NotFound):  # already gone: what we wanted
+                self._store.delete_slice(gone.name, uid=gone.uid)
+        self._generation = plan.generation
+        if not plan.is_empty:
+            log.info(
+                "published pool %s generation %d: %d created, %d updated, %d deleted",
+                self._node,
+                plan.generation,
+                len(plan.creates),
+                len(plan.updates),
+                len(plan.deletes),
+            )
+        return plan
+
+    def run(self, stop: threading.Event) -> None:
+        """Reconcile loop; returns when ``stop`` is set."""
+        failures = 0
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                self.reconcile_once()
+            except (apierrors.Conflict, apierrors.NotFound) as err:
+                # Someone else wrote in between, or the Node is not there yet: look again soon.
+                failures += 1
+                log.info("reconcile of pool %s must look again: %s", self._node, err)
+                stop.wait(min(1.0, backoff_delay(failures, max_s=self._max_backoff_s)))
+                continue
+            except apierrors.ApiError as err:
+                failures += 1
+                self._note_failure(err, failures)
+                stop.wait(backoff_delay(failures, max_s=self._max_backoff_s))
+                continue
+            except Exception:
+                # A bug or bad inventory data must not end publishing for good.
+                failures += 1
+                log.exception("reconcile of pool %s failed", self._node)
+                stop.wait(self._max_backoff_s)
+                continue
+            if self._outage:
+                log.warning("API server reachable again; pool %s is up to date", self._node)
+                self._outage = False
+            failures = 0
+            self._synced.set()
+            self._wait_for_work(stop)
+
+    def _wait_for_work(self, stop: threading.Event) -> None:
+        # Wake on stop as well: poll stop in short slices while waiting for the wake event.
+        waited = 0.0
+        while not stop.is_set() and waited < self._resync_s:
+            if self._wake.wait(0.5):
+                stop.wait(0.05)  # coalesce a burst of watch events into one reconcile
+                return
+            waited += 0.5
+
+    def _note_failure(self, err: apierrors.ApiError, failures: int) -> None:
+        if isinstance(err, apierrors.ApiUnavailable):
+            if not self._outage:
+                log.warning("API server unavailable, publishing retries with backoff: %s", err)
+                self._outage = True
+            else:
+                log.debug("API server still unavailable (attempt %d): %s", failures, err)
+        else:
+            log.error("publishing ResourceSlices of pool %s failed: %s", self._node, err)
+
+    def run_watch(self, stop: threading.Event) -> None:
+        """Watch loop: wake the reconcile loop on events and on every (re)connection."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                for _ in self._store.watch_slices(stop):
+                    failures = 0
+                    self._wake.set()
+            except apierrors.ApiError as err:
+                failures += 1
+                log.debug("watch of ResourceSlices ended: %s", err)
+            except Exception:
+                failures += 1
+                log.exception("watch of ResourceSlices failed")
+            if stop.is_set():
+                return
+            self._wake.set()
+            stop.wait(backoff_delay(max(failures, 1), max_s=self._max_backoff_s))

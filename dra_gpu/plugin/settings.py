@@ -1,0 +1,217 @@
+"""Settings of the kubelet plugin: flags, their environment variables, and validation.
+
+Design and invariants:
+- Every flag can also come from an environment variable, as a DaemonSet passes the downward API
+  (``NODE_NAME``, ``POD_UID``). Precedence: flag, then environment, then default.
+- Parsing is a pure function of (parsed flags, environment) -> ``Settings`` so it is testable
+  without processes; ``Settings`` is frozen and every path in it is absolute.
+- Socket names are derived here too (``socket_paths``): the default names, or, when a pod UID is
+  given, the rolling-update names that let two instances of the driver run side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from dra_gpu import DRIVER_NAME
+
+DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+DEFAULT_CDI_ROOT = Path("/var/run/cdi")
+DEFAULT_HEALTHZ_ADDRESS = "127.0.0.1"
+
+# sun_path is 108 bytes on Linux, including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_POD_UID = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]{0,62}$")
+
+# (flag dest, environment variable). The flags' defaults are None so that "not given" is visible.
+ENV_VARS: Mapping[str, str] = {
+    "node_name": "NODE_NAME",
+    "driver_name": "DRIVER_NAME",
+    "kubeconfig": "KUBECONFIG",
+    "simulate": "DRA_GPU_SIMULATE",
+    "plugin_registry_dir": "PLUGIN_REGISTRY_DIR",
+    "plugin_data_dir": "PLUGIN_DATA_DIR",
+    "cdi_root": "CDI_ROOT",
+    "state_dir": "STATE_DIR",
+    "driver_root": "DRIVER_ROOT",
+    "pod_uid": "POD_UID",
+    "healthz_port": "HEALTHZ_PORT",
+    "healthz_address": "HEALTHZ_ADDRESS",
+    "log_level": "LOG_LEVEL",
+}
+
+
+class SettingsError(ValueError):
+    """A flag or environment variable has a value the plugin cannot run with."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SocketPaths:
+    """Where this instance listens and which file serializes calls across instances."""
+
+    registration: Path
+    dra: Path
+    lock: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    node_name: str
+    driver_name: str
+    kubeconfig: Path | None
+    simulate: str | None
+    plugin_registry_dir: Path
+    plugin_data_dir: Path
+    cdi_root: Path
+    state_dir: Path
+    driver_root: Path
+    pod_uid: str | None
+    healthz_port: int | None
+    healthz_address: str
+    log_level: str
+
+    @property
+    def rolling_update(self) -> bool:
+        return self.pod_uid is not None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the plugin's flags; each help text names its environment variable."""
+
+    def add(flag: str, dest: str, help_text: str, metavar: str | None = None) -> None:
+        env = ENV_VARS[dest]
+        parser.add_argument(
+            flag, dest=dest, default=None, metavar=metavar, help=f"{help_text} [env {env}]"
+        )
+
+    add("--node-name", "node_name", "name of this node (required)")
+    add("--driver-name", "driver_name", f"DRA driver name (default {DRIVER_NAME})")
+    add("--kubeconfig", "kubeconfig", "kubeconfig file; in-cluster config when absent")
+    add(
+        "--simulate",
+        "simulate",
+        "simulate GPUs instead of NVML: a built-in profile name or a profile file "
+        "(a file is re-read when it changes)",
+        metavar="PROFILE",
+    )
+    add(
+        "--plugin-registry-dir",
+        "plugin_registry_dir",
+        f"kubelet plugin registry directory (default {DEFAULT_REGISTRY_DIR})",
+    )
+    add(
+        "--plugin-data-dir",
+        "plugin_data_dir",
+        f"directory of the DRA socket (default {DEFAULT_PLUGINS_DIR}/<driver>)",
+    )
+    add("--cdi-root", "cdi_root", f"directory for CDI specs (default {DEFAULT_CDI_ROOT})")
+    add("--state-dir", "state_dir", "directory for the checkpoint (default: plugin data dir)")
+    add("--driver-root", "driver_root", "root of the NVIDIA driver installation (default /)")
+    add(
+        "--pod-uid",
+        "pod_uid",
+        "UID of the plugin's pod; turns on rolling-update socket names",
+    )
+    add("--healthz-port", "healthz_port", "serve HTTP /healthz on this port (default: off)")
+    add(
+        "--healthz-address",
+        "healthz_address",
+        f"address for /healthz (default {DEFAULT_HEALTHZ_ADDRESS}; "
+        "0.0.0.0 for probes on the pod IP)",
+    )
+    add("--log-level", "log_level", "DEBUG, INFO, WARNING or ERROR (default INFO)")
+
+
+def _pick(values: Mapping[str, object], env: Mapping[str, str], dest: str) -> str | None:
+    flag = values.get(dest)
+    if flag is not None and flag != "":
+        return str(flag)
+    from_env = env.get(ENV_VARS[dest], "")
+    return from_env or None
+
+
+def _absolute(raw: str | None, default: Path, what: str) -> Path:
+    path = Path(raw) if raw is not None else default
+    if not path.is_absolute():
+        raise SettingsError(f"{what} must be an absolute path, got {str(path)!r}")
+    return path
+
+
+def _port(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        port = int(raw)
+    except ValueError:
+        raise SettingsError(f"healthz port must be a number, got {raw!r}") from None
+    if not 0 < port < 65536:
+        raise SettingsError(f"healthz port must be in 1..65535, got {port}")
+    return port
+
+
+def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Settings:
+    """Settings from parsed flags (``vars(args)``) and the environment; raises SettingsError."""
+
+    def pick(dest: str) -> str | None:
+        return _pick(values, env, dest)
+
+    node_name = pick("node_name")
+    if node_name is None:
+        raise SettingsError("the node name is required: --node-name or NODE_NAME")
+    driver = pick("driver_name") or DRIVER_NAME
+    if len(driver) > 63 or not _DNS_SUBDOMAIN.match(driver):
+        raise SettingsError(f"driver name must be a DNS subdomain of at most 63, got {driver!r}")
+    pod_uid = pick("pod_uid")
+    if pod_uid is not None and not _POD_UID.match(pod_uid):
+        raise SettingsError(f"pod UID may hold only letters, digits and '-', got {pod_uid!r}")
+    kubeconfig = pick("kubeconfig")
+    data_dir = _absolute(pick("plugin_data_dir"), DEFAULT_PLUGINS_DIR / driver, "plugin data dir")
+    log_level = (pick("log_level") or "INFO").upper()
+    if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise SettingsError(f"log level must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
+    settings = Settings(
+        node_name=node_name,
+        driver_name=driver,
+        kubeconfig=Path(kubeconfig).absolute() if kubeconfig else None,
+        simulate=pick("simulate"),
+        plugin_registry_dir=_absolute(
+            pick("plugin_registry_dir"), DEFAULT_REGISTRY_DIR, "plugin registry dir"
+        ),
+        plugin_data_dir=data_dir,
+        cdi_root=_absolute(pick("cdi_root"), DEFAULT_CDI_ROOT, "CDI root"),
+        state_dir=_absolute(pick("state_dir"), data_dir, "state dir"),
+        driver_root=_absolute(pick("driver_root"), Path("/"), "driver root"),
+        pod_uid=pod_uid,
+        healthz_port=_port(pick("healthz_port")),
+        healthz_address=pick("healthz_address") or DEFAULT_HEALTHZ_ADDRESS,
+        log_level=log_level,
+    )
+    for path in dataclasses.astuple(socket_paths(settings)):
+        if len(str(path).encode()) > MAX_SOCKET_PATH:
+            raise SettingsError(f"socket path longer than {MAX_SOCKET_PATH} bytes: {path}")
+    return settings
+
+
+def socket_paths(settings: Settings) -> SocketPaths:
+    """Socket names: defaults, or per-instance names in rolling-update mode.
+
+    The kubelet tells instances apart by their registration socket; the newest one it connected
+    to gets the calls. The lock file is shared by all instances of the driver on the node.
+    """
+    driver = settings.driver_name
+    if settings.pod_uid is None:
+        reg_name, dra_name = f"{driver}-reg.sock", "dra.sock"
+    else:
+        reg_name, dra_name = f"{driver}-{settings.pod_uid}-reg.sock", f"dra-{settings.pod_uid}.sock"
+    return SocketPaths(
+        registration=settings.plugin_registry_dir / reg_name,
+        dra=settings.plugin_data_dir / dra_name,
+        lock=settings.plugin_data_dir / "calls.lock",
+    )

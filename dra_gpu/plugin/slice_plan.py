@@ -1,0 +1,187 @@
+"""Reconcile planning for one node's ResourceSlice pool: desired + existing -> writes to make.
+
+Pure: no I/O, no clock. ``publisher`` lists what exists, calls ``plan`` and performs the writes.
+
+Invariants the plan keeps:
+- One pool per node; its slices have deterministic names ``<node>-<driver>-<index>`` (hashed when
+  too long), so every instance of the driver on a node (rolling update) converges on the same
+  objects instead of each creating its own.
+- Every slice of the pool carries the same ``pool.generation`` and ``pool.resourceSliceCount``.
+  Whenever anything must be created or updated, the generation goes up by one past anything seen
+  (existing slices and the last generation this process published), so consumers, which use
+  only the highest generation of a pool, never mix old and new content.
+- Slices of our node and driver that the desired state does not name are deleted, whatever
+  their pool (leftovers of an earlier run, a renamed node, a smaller inventory).
+- "Up to date" is decided by a content hash that the publisher writes as an annotation, plus a
+  structural check of what a hand edit could break (pool, node, device names). Comparing the
+  whole spec would loop forever, since the API server canonicalizes quantities ("1024Mi" ->
+  "1Gi") in what it returns.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+JSON = dict[str, Any]
+
+MAX_NAME = 253
+HASH_ANNOTATION = "content-hash"
+
+
+@dataclasses.dataclass(frozen=True)
+class Existing:
+    """The parts of an existing ResourceSlice that planning needs."""
+
+    name: str
+    uid: str
+    resource_version: str
+    pool: str
+    generation: int
+    body: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    generation: int
+    creates: tuple[JSON, ...] = ()
+    updates: tuple[JSON, ...] = ()
+    deletes: tuple[Existing, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.creates or self.updates or self.deletes)
+
+
+def slice_name(*, node: str, driver: str, index: int) -> str:
+    """``<node>-<driver>-<index>``; a hash replaces the tail when that exceeds 253 characters."""
+    name = f"{node}-{driver}-{index}"
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(f"{node}/{driver}".encode()).hexdigest()[:10]
+    suffix = f"-{digest}-{index}"
+    return node[: MAX_NAME - len(suffix)].rstrip("-.") + suffix
+
+
+def hash_annotation_key(driver: str) -> str:
+    return f"{driver}/{HASH_ANNOTATION}"
+
+
+def parse_existing(item: Mapping[str, Any]) -> Existing:
+    """Existing slice from API JSON; missing fields become empty values, never exceptions."""
+    meta = item.get("metadata") or {}
+    pool = (item.get("spec") or {}).get("pool") or {}
+    try:
+        generation = int(pool.get("generation") or 0)
+    except (TypeError, ValueError):
+        generation = 0
+    return Existing(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        pool=str(pool.get("name", "")),
+        generation=generation,
+        body=item,
+    )
+
+
+def content_hash(body: Mapping[str, Any]) -> str:
+    """Hash of what we own in a slice: spec, labels and owner references."""
+    meta = body.get("metadata") or {}
+    owned = {
+        "spec": body.get("spec"),
+        "labels": meta.get("labels"),
+        "ownerReferences": meta.get("ownerReferences"),
+    }
+    text = json.dumps(owned, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def stamp(body: Mapping[str, Any], *, name: str, pool: str, generation: int, count: int) -> JSON:
+    """A desired slice with its name, pool fields and content hash filled in (a copy)."""
+    out: JSON = copy.deepcopy(dict(body))
+    meta: JSON = out.setdefault("metadata", {})
+    meta.pop("generateName", None)
+    meta["name"] = name
+    spec: JSON = out.setdefault("spec", {})
+    spec["pool"] = {"name": pool, "generation": generation, "resourceSliceCount": count}
+    annotations: JSON = meta.setdefault("annotations", {})
+    annotations[hash_annotation_key(str(spec.get("driver", "")))] = content_hash(out)
+    return out
+
+
+def _device_names(spec: Mapping[str, Any]) -> list[str]:
+    return [str(d.get("name")) for d in spec.get("devices") or []]
+
+
+def is_up_to_date(desired: Mapping[str, Any], existing: Existing) -> bool:
+    """Whether ``existing`` already holds what ``desired`` (a stamped slice) says."""
+    want_spec = desired["spec"]
+    have_spec = existing.body.get("spec") or {}
+    key = hash_annotation_key(str(want_spec.get("driver", "")))
+    want_hash = desired["metadata"]["annotations"][key]
+    have_hash = ((existing.body.get("metadata") or {}).get("annotations") or {}).get(key)
+    return (
+        have_hash == want_hash
+        and have_spec.get("pool") == want_spec["pool"]
+        and have_spec.get("nodeName") == want_spec.get("nodeName")
+        and have_spec.get("driver") == want_spec.get("driver")
+        and _device_names(have_spec) == _device_names(want_spec)
+    )
+
+
+def _diff(desired: Sequence[JSON], existing: Sequence[Existing], generation: int) -> Plan:
+    by_name = {e.name: e for e in existing}
+    creates: list[JSON] = []
+    updates: list[JSON] = []
+    for body in desired:
+        have = by_name.get(body["metadata"]["name"])
+        if have is None:
+            creates.append(body)
+        elif not is_up_to_date(body, have):
+            update = copy.deepcopy(body)
+            update["metadata"]["resourceVersion"] = have.resource_version
+            updates.append(update)
+    wanted = {body["metadata"]["name"] for body in desired}
+    deletes = tuple(e for e in existing if e.name not in wanted)
+    return Plan(generation, tuple(creates), tuple(updates), deletes)
+
+
+def plan(
+    *,
+    desired: Sequence[Mapping[str, Any]],
+    existing: Sequence[Mapping[str, Any]],
+    node: str,
+    driver: str,
+    last_generation: int,
+) -> Plan:
+    """What to write so that the node's pool (named after the node) is exactly ``desired``.
+
+    ``desired``: slice bodies as built from the inventory, in a stable order; their names and
+    ``spec.pool`` are overwritten here. ``existing``: the slices the API server lists for this
+    node and driver. ``last_generation``: the highest generation this process published (0 if
+    none), so that a pool wiped by someone else comes back with a higher generation.
+    """
+    current = [parse_existing(item) for item in existing]
+    seen = max([last_generation, *(e.generation for e in current if e.pool == node)])
+
+    def stamped(generation: int) -> list[JSON]:
+        return [
+            stamp(
+                body,
+                name=slice_name(node=node, driver=driver, index=i),
+                pool=node,
+                generation=generation,
+                count=len(desired),
+            )
+            for i, body in enumerate(desired)
+        ]
+
+    unchanged = _diff(stamped(seen), current, seen)
+    if seen > 0 and not (unchanged.creates or unchanged.updates):
+        return unchanged
+    return _diff(stamped(seen + 1), current, seen + 1)

@@ -1,0 +1,162 @@
+"""Reconcile planning of a node's ResourceSlice pool (pure).
+
+Cases: first publish; nothing to do; a slice deleted by someone; a pool wiped after we
+published; content changed; fewer slices; stale slices of another pool; a hand edit; server-side
+canonicalization is not a change; names (deterministic, bounded); tolerant parsing.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from dra_gpu.plugin import slice_plan
+
+NODE = "node-a"
+DRIVER = "gpu.nvidia.com"
+OWNER = {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u-1", "controller": True}
+
+
+def body(*devices: str, memory: str = "141Gi") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": "ignored-", "ownerReferences": [OWNER]},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": NODE,
+            "pool": {"name": "placeholder", "generation": 0, "resourceSliceCount": 1},
+            "devices": [{"name": d, "capacity": {"memory": {"value": memory}}} for d in devices],
+        },
+    }
+
+
+def plan(desired: list[dict[str, Any]], existing: list[dict[str, Any]], last: int = 0) -> Any:
+    return slice_plan.plan(
+        desired=desired, existing=existing, node=NODE, driver=DRIVER, last_generation=last
+    )
+
+
+def as_stored(created: dict[str, Any], n: int) -> dict[str, Any]:
+    """What the API server returns for a slice we created."""
+    stored = copy.deepcopy(created)
+    stored["metadata"].update(uid=f"uid-{n}", resourceVersion=str(100 + n))
+    return stored
+
+
+def published(desired: list[dict[str, Any]], last: int = 0) -> list[dict[str, Any]]:
+    first = plan(desired, [], last)
+    return [as_stored(b, i) for i, b in enumerate(first.creates)]
+
+
+def test_first_publish_creates_all_slices_at_generation_1() -> None:
+    result = plan([body("gpu-0"), body("gpu-1")], [])
+    assert result.generation == 1
+    assert [b["metadata"]["name"] for b in result.creates] == [
+        "node-a-gpu.nvidia.com-0",
+        "node-a-gpu.nvidia.com-1",
+    ]
+    for b in result.creates:
+        assert b["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 2}
+        assert "generateName" not in b["metadata"]
+    assert not result.updates and not result.deletes
+
+
+def test_up_to_date_pool_needs_nothing() -> None:
+    desired = [body("gpu-0"), body("gpu-1")]
+    result = plan(desired, published(desired, last=2), last=3)
+    assert result.is_empty
+    assert result.generation == 3
+
+
+def test_slice_deleted_by_someone_comes_back_with_a_higher_generation() -> None:
+    desired = [body("gpu-0"), body("gpu-1")]
+    existing = published(desired)
+    result = plan(desired, existing[1:], last=1)
+    assert result.generation == 2
+    assert [b["metadata"]["name"] for b in result.creates] == ["node-a-gpu.nvidia.com-0"]
+    assert [b["metadata"]["resourceVersion"] for b in result.updates] == ["101"]
+    assert {b["spec"]["pool"]["generation"] for b in result.creates + result.updates} == {2}
+
+
+def test_wiped_pool_is_recreated_above_the_last_published_generation() -> None:
+    result = plan([body("gpu-0")], [], last=5)
+    assert result.generation == 6
+    assert len(result.creates) == 1
+
+
+def test_changed_content_updates_in_place_with_next_generation() -> None:
+    existing = published([body("gpu-0", "gpu-1")])
+    result = plan([body("gpu-0", "gpu-1", "gpu-2")], existing, last=1)
+    assert result.generation == 2
+    assert not result.creates and not result.deletes
+    (update,) = result.updates
+    assert [d["name"] for d in update["spec"]["devices"]] == ["gpu-0", "gpu-1", "gpu-2"]
+    assert update["metadata"]["resourceVersion"] == "100"
+
+
+def test_fewer_slices_deletes_the_surplus() -> None:
+    existing = published([body("gpu-0"), body("gpu-1")])
+    result = plan([body("gpu-0", "gpu-1")], existing, last=1)
+    assert result.generation == 2
+    assert [e.name for e in result.deletes] == ["node-a-gpu.nvidia.com-1"]
+    assert [e.uid for e in result.deletes] == ["uid-1"]
+    (update,) = result.updates
+    assert update["spec"]["pool"]["resourceSliceCount"] == 1
+
+
+def test_stale_slice_of_another_pool_is_deleted_without_a_new_generation() -> None:
+    desired = [body("gpu-0")]
+    stale = as_stored(body("old"), 7)
+    stale["metadata"]["name"] = "leftover"
+    stale["spec"]["pool"] = {"name": "old-node", "generation": 40, "resourceSliceCount": 1}
+    result = plan(desired, [*published(desired), stale], last=1)
+    assert result.generation == 1
+    assert not result.creates and not result.updates
+    assert [e.name for e in result.deletes] == ["leftover"]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda s: s["spec"]["devices"].pop(), id="device-removed"),
+        pytest.param(lambda s: s["spec"]["pool"].update(resourceSliceCount=3), id="pool-count"),
+        pytest.param(lambda s: s["metadata"]["annotations"].clear(), id="hash-removed"),
+        pytest.param(lambda s: s["spec"].update(nodeName="other"), id="node-name"),
+    ],
+)
+def test_hand_edit_is_repaired(edit: Any) -> None:
+    desired = [body("gpu-0", "gpu-1")]
+    existing = published(desired)
+    edit(existing[0])
+    result = plan(desired, existing, last=1)
+    assert len(result.updates) == 1
+    assert result.generation == 2
+
+
+def test_canonicalized_quantity_is_not_a_change() -> None:
+    desired = [body("gpu-0", memory="1024Mi")]
+    existing = published(desired)
+    existing[0]["spec"]["devices"][0]["capacity"]["memory"]["value"] = "1Gi"
+    assert plan(desired, existing, last=1).is_empty
+
+
+def test_empty_inventory_deletes_every_slice() -> None:
+    existing = published([body("gpu-0"), body("gpu-1")])
+    result = plan([], existing, last=1)
+    assert len(result.deletes) == 2 and not result.creates
+
+
+def test_long_names_are_bounded_deterministic_and_distinct() -> None:
+    node = "n" * 250
+    names = {slice_plan.slice_name(node=node, driver=DRIVER, index=i) for i in range(3)}
+    assert len(names) == 3
+    assert all(len(n) <= 253 for n in names)
+    assert slice_plan.slice_name(node=node, driver=DRIVER, index=0) in names
+
+
+def test_parse_existing_tolerates_missing_fields() -> None:
+    parsed = slice_plan.parse_existing({"metadata": {"name": "x"}, "spec": {"pool": {}}})
+    assert (parsed.name, parsed.generation, parsed.pool) == ("x", 0, "")
