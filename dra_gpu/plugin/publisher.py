@@ -28,8 +28,8 @@ from dra_gpu.plugin import apierrors, slice_plan
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-# Node owner reference -> slice bodies (names and pool fields are filled in by the planner).
-Renderer = Callable[[JSON], Sequence[JSON]]
+# Node UID -> slice bodies owned by the Node (pool fields are filled in by the planner).
+Renderer = Callable[[str], Sequence[JSON]]
 
 
 class SliceStore(Protocol):
@@ -53,11 +53,6 @@ class SliceStore(Protocol):
 def backoff_delay(failures: int, *, base_s: float = 0.2, max_s: float = 5.0) -> float:
     """Exponential backoff: 0.2, 0.4, 0.8 … seconds, capped at ``max_s``."""
     return float(min(max_s, base_s * 2 ** max(0, failures - 1)))
-
-
-def node_owner(node: str, uid: str) -> JSON:
-    """Owner reference to the Node, so the slices go away with it."""
-    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
 
 
 class Publisher:
@@ -117,8 +112,7 @@ class Publisher:
         """One pass: list, plan, write. Raises ``apierrors.ApiError`` on failure."""
         with self._lock:
             render = self._render
-        owner = node_owner(self._node, self._store.node_uid())
-        desired = render(owner)
+        desired = render(self._store.node_uid())
         existing = self._store.list_slices()
         plan = slice_plan.plan(
             desired=desired,

@@ -3,9 +3,9 @@
 Pure: no I/O, no clock. ``publisher`` lists what exists, calls ``plan`` and performs the writes.
 
 Invariants the plan keeps:
-- One pool per node; its slices have deterministic names ``<node>-<driver>-<index>`` (hashed when
-  too long), so every instance of the driver on a node (rolling update) converges on the same
-  objects instead of each creating its own.
+- One pool per node; its slices have deterministic names (``slices.slice_name``, unless the
+  desired bodies already carry names), so every instance of the driver on a node (rolling
+  update) converges on the same objects instead of each creating its own.
 - Every slice of the pool carries the same ``pool.generation`` and ``pool.resourceSliceCount``.
   Whenever anything must be created or updated, the generation goes up by one past anything seen
   (existing slices and the last generation this process published), so consumers, which use
@@ -27,9 +27,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dra_gpu import slices
+
 JSON = dict[str, Any]
 
-MAX_NAME = 253
 HASH_ANNOTATION = "content-hash"
 
 
@@ -55,16 +56,6 @@ class Plan:
     @property
     def is_empty(self) -> bool:
         return not (self.creates or self.updates or self.deletes)
-
-
-def slice_name(*, node: str, driver: str, index: int) -> str:
-    """``<node>-<driver>-<index>``; a hash replaces the tail when that exceeds 253 characters."""
-    name = f"{node}-{driver}-{index}"
-    if len(name) <= MAX_NAME:
-        return name
-    digest = hashlib.sha256(f"{node}/{driver}".encode()).hexdigest()[:10]
-    suffix = f"-{digest}-{index}"
-    return node[: MAX_NAME - len(suffix)].rstrip("-.") + suffix
 
 
 def hash_annotation_key(driver: str) -> str:
@@ -173,7 +164,8 @@ def plan(
         return [
             stamp(
                 body,
-                name=slice_name(node=node, driver=driver, index=i),
+                name=body.get("metadata", {}).get("name")
+                or slices.slice_name(node_name=node, driver_name=driver, index=i),
                 pool=node,
                 generation=generation,
                 count=len(desired),

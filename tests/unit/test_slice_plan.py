@@ -2,7 +2,7 @@
 
 Cases: first publish; nothing to do; a slice deleted by someone; a pool wiped after we
 published; content changed; fewer slices; stale slices of another pool; a hand edit; server-side
-canonicalization is not a change; names (deterministic, bounded); tolerant parsing.
+canonicalization is not a change; tolerant parsing.
 """
 
 from __future__ import annotations
@@ -147,14 +147,6 @@ def test_empty_inventory_deletes_every_slice() -> None:
     existing = published([body("gpu-0"), body("gpu-1")])
     result = plan([], existing, last=1)
     assert len(result.deletes) == 2 and not result.creates
-
-
-def test_long_names_are_bounded_deterministic_and_distinct() -> None:
-    node = "n" * 250
-    names = {slice_plan.slice_name(node=node, driver=DRIVER, index=i) for i in range(3)}
-    assert len(names) == 3
-    assert all(len(n) <= 253 for n in names)
-    assert slice_plan.slice_name(node=node, driver=DRIVER, index=0) in names
 
 
 def test_parse_existing_tolerates_missing_fields() -> None:
