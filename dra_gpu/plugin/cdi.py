@@ -1,0 +1,285 @@
+"""CDI specs for prepared claims: naming, content, and the atomic file operations.
+
+One transient spec per claim (the layout NVIDIA's driver uses, so tooling that looks for it
+keeps working): kind ``k8s.gpu.nvidia.com/claim``, file
+``<cdiRoot>/k8s.gpu.nvidia.com-claim_<claimUID>.json``, one CDI device per allocated device named
+``<claimUID>-<deviceName>``. Device names embed the claim UID, so a name is never reused for
+different content (runtimes cache specs).
+
+Content is built by the pure :func:`build_spec` from :class:`ClaimDevice` values (everything
+needed is in the checkpoint, so a spec can be rebuilt after a reboot without asking discovery)
+and from the node's facts:
+
+- :class:`RealNode`: the claimed GPUs' device nodes (``/dev/nvidia<minor>``; for MIG also the
+  GI/CI capability nodes), the control nodes, and the driver's user-space files bind-mounted
+  read-only. Facts are read by :mod:`dra_gpu.plugin.cdi_host`.
+- :class:`SimulatedNode`: the same shape, with a harmless host device (``/dev/null``) standing in
+  for every NVIDIA device node, so a container shows exactly which devices it got.
+
+Both get environment describing every device (``GPU_DEVICE_<i>=<name>`` and its UUID, product,
+type, MIG profile and sharing settings), ``<i>`` being the device's position in the claim.
+
+Writes are atomic (temp file, fsync, rename, fsync of the directory): a runtime reading the
+directory sees either no spec or a complete one, also across a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Final, Literal
+
+from dra_gpu.config import DeviceConfig, GpuConfig
+from dra_gpu.plugin import cdi_validate
+from dra_gpu.plugin.ids import CDIDeviceID, ClaimUID, DeviceName
+
+VENDOR: Final = "k8s.gpu.nvidia.com"
+CLASS: Final = "claim"
+KIND: Final = f"{VENDOR}/{CLASS}"
+_FILE_PREFIX: Final = f"{VENDOR}-{CLASS}_"
+_FILE_SUFFIX: Final = ".json"
+
+CONTROL_NODES: Final = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+STAND_IN: Final = "/dev/null"
+
+
+class CDIError(RuntimeError):
+    """A spec that cannot be built or written; the message names the cause."""
+
+
+@dataclass(frozen=True)
+class ClaimDevice:
+    """One allocated device as CDI needs it (also what the checkpoint stores per device)."""
+
+    name: DeviceName
+    type: Literal["gpu", "mig"]
+    uuid: str
+    minor: int  # the GPU's minor number; the parent's for a MIG device
+    product_name: str
+    config: DeviceConfig  # normalized
+    mig_profile: str | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+
+
+@dataclass(frozen=True)
+class RealNode:
+    """Facts about a node with the NVIDIA driver (see ``cdi_host.read_real_node``)."""
+
+    dev_root: PurePosixPath  # host directory holding dev/nvidia* ("/" or the driver root)
+    driver_mounts: tuple[Mount, ...]
+    # (gpu minor, gi id, ci id) -> (minor of the GI access cap, minor of the CI access cap)
+    mig_caps: Mapping[tuple[int, int, int], tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SimulatedNode:
+    stand_in: str = STAND_IN
+
+
+Node = RealNode | SimulatedNode
+
+
+def spec_path(cdi_root: Path, claim_uid: ClaimUID) -> Path:
+    return cdi_root / f"{_FILE_PREFIX}{claim_uid}{_FILE_SUFFIX}"
+
+
+def device_id(claim_uid: ClaimUID, device: DeviceName) -> CDIDeviceID:
+    return CDIDeviceID(f"{KIND}={claim_uid}-{device}")
+
+
+def _sharing_env(prefix: str, config: DeviceConfig) -> list[str]:
+    sharing = config.sharing
+    if sharing is None:
+        return []
+    env = [f"{prefix}_SHARING_STRATEGY={sharing.strategy}"]
+    if isinstance(config, GpuConfig) and config.sharing and config.sharing.timeSlicingConfig:
+        env.append(f"{prefix}_TIMESLICE_INTERVAL={config.sharing.timeSlicingConfig.interval}")
+    mps = sharing.mpsConfig
+    if mps is not None:
+        if mps.defaultActiveThreadPercentage is not None:
+            env.append(f"{prefix}_MPS_ACTIVE_THREAD_PERCENTAGE={mps.defaultActiveThreadPercentage}")
+        if mps.defaultPinnedDeviceMemoryLimit is not None:
+            env.append(
+                f"{prefix}_MPS_PINNED_DEVICE_MEMORY_LIMIT={mps.defaultPinnedDeviceMemoryLimit}"
+            )
+        if mps.defaultPerDevicePinnedMemoryLimit:
+            limits = ",".join(
+                f"{k}={v}" for k, v in sorted(mps.defaultPerDevicePinnedMemoryLimit.items())
+            )
+            env.append(f"{prefix}_MPS_PER_DEVICE_PINNED_MEMORY_LIMIT={limits}")
+    return env
+
+
+def device_env(index: int, device: ClaimDevice) -> list[str]:
+    """Environment describing one device; identical on real and simulated nodes."""
+    prefix = f"GPU_DEVICE_{index}"
+    env = [
+        f"{prefix}={device.name}",
+        f"{prefix}_UUID={device.uuid}",
+        f"{prefix}_TYPE={device.type}",
+        f"{prefix}_PRODUCT={device.product_name}",
+    ]
+    if device.mig_profile is not None:
+        env.append(f"{prefix}_MIG_PROFILE={device.mig_profile}")
+    return env + _sharing_env(prefix, device.config)
+
+
+def _node_paths(device: ClaimDevice, node: Node) -> Iterator[str]:
+    yield f"/dev/nvidia{device.minor}"
+    if device.type != "mig" or not isinstance(node, RealNode):
+        return
+    caps = node.mig_caps.get((device.minor, device.gi_id or 0, device.ci_id or 0))
+    if caps is None:
+        raise CDIError(
+            f"no MIG capability nodes known for {device.name} "
+            f"(GPU {device.minor}, GI {device.gi_id}, CI {device.ci_id})"
+        )
+    for cap in caps:
+        yield f"/dev/nvidia-caps/nvidia-cap{cap}"
+
+
+def _device_node(path: str, node: Node) -> dict[str, Any]:
+    if isinstance(node, SimulatedNode):
+        return {"path": path, "hostPath": node.stand_in}
+    if node.dev_root == PurePosixPath("/"):
+        return {"path": path}
+    return {"path": path, "hostPath": str(node.dev_root / path.lstrip("/"))}
+
+
+def _common_edits(claim_ref: str, devices: Sequence[ClaimDevice], node: Node) -> dict[str, Any]:
+    # On a real node "void": a legacy NVIDIA runtime hook would otherwise inject devices on its
+    # own, and CDI already does. Simulated nodes show the UUIDs to the container.
+    simulated = isinstance(node, SimulatedNode)
+    visible = ",".join(d.uuid for d in devices) if simulated else "void"
+    edits: dict[str, Any] = {
+        "env": [f"DRA_GPU_CLAIM={claim_ref}", f"NVIDIA_VISIBLE_DEVICES={visible}"],
+        "deviceNodes": [_device_node(p, node) for p in CONTROL_NODES],
+    }
+    if isinstance(node, RealNode) and node.driver_mounts:
+        edits["mounts"] = [
+            {
+                "hostPath": m.host_path,
+                "containerPath": m.container_path,
+                "options": ["ro", "nosuid", "nodev", "bind"],
+                "type": "bind",
+            }
+            for m in node.driver_mounts
+        ]
+    return edits
+
+
+def build_spec(
+    *,
+    claim_uid: ClaimUID,
+    claim_ref: str,
+    devices: Sequence[ClaimDevice],
+    node: Node,
+) -> dict[str, Any]:
+    """The CDI spec (as JSON data) for one claim; raises :class:`CDIError`.
+
+    ``claim_ref`` is ``<namespace>/<name>``, put into the environment for humans.
+    """
+    if not devices:
+        raise CDIError(f"claim {claim_uid} has no devices to put in a CDI spec")
+    cdi_devices = [
+        {
+            "name": f"{claim_uid}-{device.name}",
+            "containerEdits": {
+                "env": device_env(index, device),
+                "deviceNodes": [_device_node(p, node) for p in _node_paths(device, node)],
+            },
+        }
+        for index, device in enumerate(devices)
+    ]
+    spec: dict[str, Any] = {
+        "cdiVersion": "",
+        "kind": KIND,
+        "devices": cdi_devices,
+        "containerEdits": _common_edits(claim_ref, devices, node),
+    }
+    spec["cdiVersion"] = cdi_validate.minimum_version(spec)
+    return spec
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` so readers see the old or the new file, never a part.
+
+    The temp name starts with a dot and does not end in ``.json`` so runtimes watching the
+    directory ignore it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def write_spec(cdi_root: Path, claim_uid: ClaimUID, spec: Mapping[str, Any]) -> Path:
+    """Validate and atomically write the claim's spec; returns its path."""
+    problems = cdi_validate.validate_spec(spec)
+    if problems:
+        raise CDIError(f"refusing to write an invalid CDI spec: {'; '.join(problems)}")
+    path = spec_path(cdi_root, claim_uid)
+    write_atomic(path, (json.dumps(spec, indent=2) + "\n").encode())
+    return path
+
+
+def remove_spec(cdi_root: Path, claim_uid: ClaimUID) -> bool:
+    """Remove the claim's spec; ``False`` if there was none (not an error: unprepare repeats)."""
+    path = spec_path(cdi_root, claim_uid)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    _fsync_dir(cdi_root)
+    return True
+
+
+def list_specs(cdi_root: Path) -> dict[ClaimUID, Path]:
+    """The claim specs this driver wrote that are present now (other vendors' are ignored)."""
+    found: dict[ClaimUID, Path] = {}
+    if not cdi_root.is_dir():
+        return found
+    for path in cdi_root.iterdir():
+        name = path.name
+        if name.startswith(_FILE_PREFIX) and name.endswith(_FILE_SUFFIX):
+            found[ClaimUID(name[len(_FILE_PREFIX) : -len(_FILE_SUFFIX)])] = path
+    return found
+
+
+def remove_temp_files(cdi_root: Path) -> int:
+    """Remove temp files a crash left behind mid-write; returns how many."""
+    count = 0
+    if cdi_root.is_dir():
+        for path in cdi_root.glob(f".{_FILE_PREFIX}*.tmp-*"):
+            path.unlink(missing_ok=True)
+            count += 1
+    return count
