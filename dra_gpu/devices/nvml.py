@@ -1,0 +1,300 @@
+"""NVML backend: reads GPUs and existing MIG devices through pynvml. Read only.
+
+Design:
+
+* The pynvml module is a collaborator passed in (``nvml=``), so tests inject a fake that fails
+  or hangs per call. Every NVML call goes through ``BoundedCaller``: a hung call becomes a
+  ``CallTimeoutError`` naming the call instead of a hung driver.
+* One failing GPU is logged and reported in ``Discovery.errors`` and skipped; the others are
+  still published. After ``max_timeouts`` hung calls in one pass the remaining GPUs are reported
+  without being touched, so a wedged driver costs at most ``max_timeouts * call_timeout_s``.
+* Each pass does ``nvmlInit``/``nvmlShutdown`` (NVML reference-counts them), so nothing stays
+  open between passes and a driver upgrade under a running plugin is picked up.
+* A MIG device whose compute instance is smaller than its GPU instance is reported and skipped:
+  its name would collide with a sibling's (names are per GPU instance).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dra_gpu.devices import migprofiles, pci
+from dra_gpu.devices.bounded import BoundedCaller, CallTimeoutError
+from dra_gpu.devices.model import Discovery, DiscoveryError, GpuInfo, MigDeviceInfo
+
+log = logging.getLogger(__name__)
+
+# NVML_BRAND_* -> the names NVIDIA's DRA driver publishes (so existing selectors keep matching).
+BRAND_NAMES: Mapping[int, str] = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
+}
+
+# NVML_DEVICE_ARCH_*
+ARCHITECTURE_NAMES: Mapping[int, str] = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
+    0xFFFFFFFF: "Unknown",
+}
+
+# NVML_DEVICE_ADDRESSING_MODE_*; NONE (0) means "no mode to report".
+ADDRESSING_MODE_NAMES: Mapping[int, str] = {1: "HMM", 2: "ATS"}
+
+
+class GpuReadError(Exception):
+    """One NVML call failed; the message names the call and NVML's error, ``code`` its value."""
+
+    def __init__(self, message: str, *, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _text(value: str | bytes) -> str:
+    return (value.decode() if isinstance(value, bytes) else value).rstrip("\x00")
+
+
+def _cuda_version_text(value: int) -> str:
+    return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+class NvmlBackend:
+    """``GpuBackend`` over pynvml (or anything shaped like it)."""
+
+    def __init__(
+        self,
+        *,
+        nvml: Any = None,
+        call_timeout_s: float = 10.0,
+        max_timeouts: int = 2,
+        sysfs_root: Path = Path("/sys"),
+    ) -> None:
+        if nvml is None:
+            import pynvml
+
+            nvml = pynvml
+        self._nvml = nvml
+        self._caller = BoundedCaller(timeout_s=call_timeout_s, name="nvml")
+        self._max_timeouts = max_timeouts
+        self._sysfs_root = sysfs_root
+        self._timeouts = 0
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _call(self, fn_name: str, *args: Any) -> Any:
+        fn: Callable[..., Any] | None = getattr(self._nvml, fn_name, None)
+        if fn is None:  # an older pynvml without this wrapper
+            code = getattr(self._nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None)
+            raise GpuReadError(f"{fn_name}: not provided by this pynvml", code=code)
+        try:
+            return self._caller.call(fn_name, lambda: fn(*args))
+        except CallTimeoutError:
+            self._timeouts += 1
+            raise
+        except self._nvml.NVMLError as e:
+            raise GpuReadError(f"{fn_name}: {e}", code=getattr(e, "value", None)) from e
+
+    def _is(self, err: GpuReadError, *codes: str) -> bool:
+        return any(err.code == getattr(self._nvml, c, object()) for c in codes)
+
+    # -- discovery ------------------------------------------------------------------------
+
+    def discover(self) -> Discovery:
+        self._timeouts = 0
+        try:
+            self._call("nvmlInit")
+        except (GpuReadError, CallTimeoutError) as e:
+            return _backend_failure(f"NVML could not be initialised: {e}")
+        try:
+            return self._discover_initialised()
+        finally:
+            try:
+                self._call("nvmlShutdown")
+            except (GpuReadError, CallTimeoutError) as e:
+                log.warning("nvmlShutdown failed: %s", e)
+
+    def _discover_initialised(self) -> Discovery:
+        try:
+            driver = _text(self._call("nvmlSystemGetDriverVersion"))
+            cuda = _cuda_version_text(int(self._call("nvmlSystemGetCudaDriverVersion")))
+            count = int(self._call("nvmlDeviceGetCount"))
+        except Exception as e:  # GpuReadError, CallTimeoutError or an unexpected answer
+            return _backend_failure(f"NVML system query failed: {e}")
+        gpus: list[GpuInfo] = []
+        errors: list[DiscoveryError] = []
+        for index in range(count):
+            if self._timeouts >= self._max_timeouts:
+                msg = f"skipped: NVML stopped answering ({self._timeouts} calls timed out)"
+                errors.append(DiscoveryError(index, msg))
+                log.warning("skipping GPU index %d: %s", index, msg)
+                continue
+            try:
+                gpu, mig_errors = self._read_gpu(index, driver=driver, cuda=cuda)
+            except (GpuReadError, CallTimeoutError, ValueError) as e:
+                errors.append(DiscoveryError(index, f"skipped: {e}"))
+                log.warning("skipping GPU index %d: %s", index, e)
+                continue
+            except Exception as e:  # an NVML answer we did not expect: still one GPU only
+                errors.append(DiscoveryError(index, f"skipped: unexpected {e!r}"))
+                log.exception("skipping GPU index %d", index)
+                continue
+            gpus.append(gpu)
+            errors.extend(mig_errors)
+        return Discovery(gpus=tuple(gpus), errors=tuple(errors))
+
+    def _read_gpu(
+        self, index: int, *, driver: str, cuda: str
+    ) -> tuple[GpuInfo, list[DiscoveryError]]:
+        h = self._call("nvmlDeviceGetHandleByIndex", index)
+        uuid = _text(self._call("nvmlDeviceGetUUID", h))
+        name = _text(self._call("nvmlDeviceGetName", h))
+        brand = int(self._call("nvmlDeviceGetBrand", h))
+        arch = int(self._call("nvmlDeviceGetArchitecture", h))
+        cc = self._call("nvmlDeviceGetCudaComputeCapability", h)
+        bus_id = pci.normalize_bus_id(self._call("nvmlDeviceGetPciInfo", h).busId)
+        mig_capable, mig_enabled = self._mig_mode(h)
+        gpu = GpuInfo(
+            minor=int(self._call("nvmlDeviceGetMinorNumber", h)),
+            index=index,
+            uuid=uuid,
+            product_name=name,
+            brand=BRAND_NAMES.get(brand, f"Unknown({brand})"),
+            architecture=ARCHITECTURE_NAMES.get(arch, f"Unknown({arch})"),
+            cuda_compute_capability=(int(cc[0]), int(cc[1])),
+            driver_version=driver,
+            cuda_driver_version=cuda,
+            memory_bytes=int(self._call("nvmlDeviceGetMemoryInfo", h).total),
+            pci_bus_id=bus_id,
+            pcie_root=pci.pcie_root(bus_id, sysfs_root=self._sysfs_root),
+            addressing_mode=self._addressing_mode(h),
+            mig_enabled=mig_enabled,
+            mig_capable=mig_capable,
+            mig_table=migprofiles.table_key_for_product(name),
+        )
+        if not mig_enabled:
+            return gpu, []
+        migs, errors = self._read_mig_devices(h, gpu)
+        return _with_migs(gpu, migs), errors
+
+    def _mig_mode(self, h: Any) -> tuple[bool, bool]:
+        try:
+            current, _pending = self._call("nvmlDeviceGetMigMode", h)
+        except GpuReadError as e:
+            if self._is(e, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+                return False, False
+            raise
+        return True, int(current) == int(getattr(self._nvml, "NVML_DEVICE_MIG_ENABLE", 1))
+
+    def _addressing_mode(self, h: Any) -> str | None:
+        try:
+            mode = self._call("nvmlDeviceGetAddressingMode", h)
+        except GpuReadError as e:
+            if self._is(e, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+                return None
+            raise
+        return ADDRESSING_MODE_NAMES.get(int(mode))
+
+    # -- MIG --------------------------------------------------------------------------------
+
+    def _gi_profiles(self, h: Any) -> dict[int, Any]:
+        """GPU-instance profile id -> NVML profile info, for the profiles this GPU supports."""
+        found: dict[int, Any] = {}
+        for p in range(int(getattr(self._nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 16))):
+            try:
+                info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", h, p)
+            except GpuReadError as e:
+                if self._is(e, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT"):
+                    continue
+                raise
+            found[int(info.id)] = info
+        return found
+
+    def _read_mig_devices(
+        self, h: Any, gpu: GpuInfo
+    ) -> tuple[list[MigDeviceInfo], list[DiscoveryError]]:
+        profiles = self._gi_profiles(h)
+        migs: list[MigDeviceInfo] = []
+        errors: list[DiscoveryError] = []
+        for j in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", h))):
+            try:
+                mh = self._call("nvmlDeviceGetMigDeviceHandleByIndex", h, j)
+            except GpuReadError as e:
+                if self._is(e, "NVML_ERROR_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT"):
+                    continue
+                raise
+            try:
+                migs.append(self._read_mig(h, mh, gpu, profiles))
+            except (GpuReadError, ValueError, KeyError) as e:
+                msg = f"MIG device {j} skipped: {e}"
+                errors.append(DiscoveryError(gpu.index, msg))
+                log.warning("GPU index %d: %s", gpu.index, msg)
+        return migs, errors
+
+    def _read_mig(self, h: Any, mh: Any, gpu: GpuInfo, profiles: dict[int, Any]) -> MigDeviceInfo:
+        uuid = _text(self._call("nvmlDeviceGetUUID", mh))
+        gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", mh))
+        ci_id = int(self._call("nvmlDeviceGetComputeInstanceId", mh))
+        gi = self._call("nvmlDeviceGetGpuInstanceById", h, gi_id)
+        gi_info = self._call("nvmlGpuInstanceGetInfo", gi)
+        ci = self._call("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id)
+        ci_info = self._call("nvmlComputeInstanceGetInfo", ci)
+        attrs = self._call("nvmlDeviceGetAttributes", mh)
+        if int(attrs.computeInstanceSliceCount) != int(attrs.gpuInstanceSliceCount):
+            raise ValueError(
+                f"{uuid}: compute instance uses {attrs.computeInstanceSliceCount} of "
+                f"{attrs.gpuInstanceSliceCount} slices; only whole-GI MIG devices are supported"
+            )
+        prof = profiles[int(gi_info.profileId)]
+        return MigDeviceInfo(
+            parent_minor=gpu.minor,
+            parent_uuid=gpu.uuid,
+            uuid=uuid,
+            profile=_text(prof.name).removeprefix("MIG "),
+            gi_profile_id=int(gi_info.profileId),
+            ci_profile_id=int(ci_info.profileId),
+            gi_id=gi_id,
+            ci_id=ci_id,
+            placement_start=int(gi_info.placement.start),
+            placement_size=int(gi_info.placement.size),
+            memory_bytes=int(prof.memorySizeMB) * migprofiles.MIB,
+            multiprocessors=int(prof.multiprocessorCount),
+            copy_engines=int(prof.copyEngineCount),
+            decoders=int(prof.decoderCount),
+            encoders=int(prof.encoderCount),
+            jpeg_engines=int(prof.jpegCount),
+            ofa_engines=int(prof.ofaCount),
+        )
+
+
+def _with_migs(gpu: GpuInfo, migs: list[MigDeviceInfo]) -> GpuInfo:
+    return replace(gpu, mig_devices=tuple(migs))
+
+
+def _backend_failure(message: str) -> Discovery:
+    log.error("%s", message)
+    return Discovery(gpus=(), errors=(DiscoveryError(None, message),))
