@@ -1,0 +1,318 @@
+"""A real Kubernetes node on this machine: containerd (with CDI) + runc + kubelet as processes.
+
+``Node(cluster).up()`` starts, in order: containerd with its own root/state/socket and a CNI
+bridge network, imports the locally built sandbox and test images into its ``k8s.io`` namespace,
+then the kubelet with a node client certificate (CN ``system:node:<name>``, O ``system:nodes``)
+from the cluster's CA, and waits until the Node object is Ready. ``down()`` (idempotent, also run
+at interpreter exit) stops the kubelet, kills every container through containerd, stops
+containerd, then removes what the processes leave behind: shims, container processes, mounts under
+the node's directory, its cgroup root, its bridge, and the directory itself.
+
+Invariants:
+- Everything the node writes is under ``paths.root`` (see ``e2e.node_config``), except the cgroup
+  ``/dra-gpu-<name>`` and the bridge, both named after the node and removed by ``down()``.
+- The DRA kubelet plugin registers through ``paths.plugin_registry_dir`` (the kubelet's real
+  registry directory) and writes CDI specs to ``cdi_root``, which containerd reads.
+- Each daemon runs in its own session (process group), so a kill reaches its children too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from e2e import binaries, images, node_cleanup
+from e2e.node_binaries import NodeBinaries, ensure_node_binaries
+from e2e.node_config import (
+    KubeletPorts,
+    NodePaths,
+    bridge_name,
+    cni_config,
+    containerd_config,
+    kubelet_config,
+)
+
+Log = Callable[[str], None]
+
+
+class ClusterLike(Protocol):
+    """What a node needs from the control plane harness (``e2e.cluster.Cluster``)."""
+
+    def issue_client_cert(self, cn: str, orgs: list[str]) -> Any: ...
+    def write_kubeconfig(self, path: Path, cert: Any, key: Any) -> Any: ...
+    def api_client(self) -> Any: ...
+
+    @property
+    def ca_cert(self) -> Any: ...
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _log_stderr(line: str) -> None:
+    print(line, flush=True)
+
+
+class Node:
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        *,
+        name: str = "dra-gpu-node",
+        workdir: Path | None = None,
+        cdi_root: Path | None = None,
+        log: Log = _log_stderr,
+    ) -> None:
+        self.cluster = cluster
+        self.name = name
+        self._own_dir = workdir is None
+        root = workdir or Path(tempfile.mkdtemp(prefix=f"dra-gpu-{name}-"))
+        self.paths = NodePaths(root)
+        self.cdi_root = cdi_root or root / "cdi"
+        self.cgroup_root = f"/dra-gpu-{name}"
+        self.log = log
+        self.ports = KubeletPorts(server=free_port(), healthz=free_port())
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logfiles: list[IO[bytes]] = []
+        self._bins: NodeBinaries | None = None
+        self._up = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def up(self, *, timeout: float = 120.0) -> Node:
+        started = time.monotonic()
+        self._bins = ensure_node_binaries()
+        kubelet = binaries.ensure(("kubelet",), log=self.log)["kubelet"]
+        archives = images.ensure_images(binaries.cache_root() / "images-v1")
+        self._up = True
+        atexit.register(self.down)
+        try:
+            self._write_configs()
+            node_cleanup.create_cgroup(self.cgroup_root)
+            self._start_containerd()
+            self._import_images(archives)
+            self._start_kubelet(kubelet)
+            self._wait_ready(deadline=started + timeout)
+        except BaseException:
+            self.log(self.diagnostics())
+            self.down()
+            raise
+        self.log(
+            f"[node] {self.name} Ready in {time.monotonic() - started:.1f}s ({self.paths.root})"
+        )
+        return self
+
+    def __enter__(self) -> Node:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def down(self) -> None:
+        if not self._up:
+            return
+        self._up = False
+        atexit.unregister(self.down)
+        self._stop("kubelet")
+        self._kill_all_containers()
+        self._stop("containerd")
+        sock = str(self.paths.containerd_socket)
+        node_cleanup.kill_pids(node_cleanup.pids_with_arg(sock))
+        node_cleanup.remove_cgroup(self.cgroup_root)
+        node_cleanup.unmount_under(self.paths.root)
+        node_cleanup.delete_link(bridge_name(self.paths))
+        for f in self._logfiles:
+            f.close()
+        if self._own_dir:
+            shutil.rmtree(self.paths.root, ignore_errors=True)
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    @property
+    def bins(self) -> NodeBinaries:
+        if self._bins is None:
+            raise RuntimeError("node binaries are only known after up()")
+        return self._bins
+
+    def _write_configs(self) -> None:
+        p = self.paths
+        dirs = (p.containerd_dir, p.cni_conf_dir, p.cni_ipam_dir, p.logs, p.pod_logs)
+        for d in (*dirs, p.plugin_registry_dir, p.plugins_dir, self.cdi_root):
+            d.mkdir(parents=True, exist_ok=True)
+        p.containerd_config.write_text(
+            containerd_config(
+                p,
+                runc=self.bins.runc,
+                cni_bin_dir=self.bins.cni_bin_dir,
+                cdi_dirs=(self.cdi_root,),
+                sandbox=images.PAUSE_IMAGE,
+            )
+        )
+        (p.cni_conf_dir / "10-dra-gpu.conflist").write_text(
+            cni_config(p, network=f"dra-gpu-{self.name}")
+        )
+        ca = p.root / "ca.crt"
+        ca.write_bytes(_pem_bytes(self.cluster.ca_cert))
+        p.kubelet_config.write_text(
+            kubelet_config(p, ports=self.ports, client_ca=ca, cgroup_root=self.cgroup_root)
+        )
+        cert = self.cluster.issue_client_cert(f"system:node:{self.name}", ["system:nodes"])
+        self.cluster.write_kubeconfig(p.kubeconfig, *_cert_and_key(cert))
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        logfile = open(self.paths.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in down()
+        self._logfiles.append(logfile)
+        self._procs[name] = subprocess.Popen(
+            argv,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+
+    def _start_containerd(self) -> None:
+        path = f"{self.bins.containerd_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        env = {**os.environ, "PATH": path}
+        argv = [str(self.bins.containerd), "--config", str(self.paths.containerd_config)]
+        self._spawn("containerd", argv, env)
+        deadline = time.monotonic() + 30
+        while self.ctr("version", check=False).returncode != 0:
+            self._check_alive("containerd")
+            if time.monotonic() > deadline:
+                raise TimeoutError("containerd did not answer on its socket within 30s")
+            time.sleep(0.2)
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run ``ctr`` against this node's containerd, in the CRI (``k8s.io``) namespace."""
+        argv = [str(self.bins.ctr), "--address", str(self.paths.containerd_socket)]
+        return subprocess.run(
+            [*argv, "--namespace", "k8s.io", *args], capture_output=True, text=True, check=check
+        )
+
+    def _import_images(self, archives: dict[str, Path]) -> None:
+        present = set(self.ctr("images", "list", "--quiet").stdout.split())
+        for name, archive in archives.items():
+            if name not in present:
+                self.ctr("images", "import", str(archive))
+
+    def _start_kubelet(self, kubelet: Path) -> None:
+        p = self.paths
+        argv = [
+            str(kubelet),
+            f"--config={p.kubelet_config}",
+            f"--kubeconfig={p.kubeconfig}",
+            f"--root-dir={p.kubelet_root}",
+            f"--cert-dir={p.kubelet_root / 'pki'}",
+            f"--hostname-override={self.name}",
+            "--node-ip=127.0.0.1",
+            "--node-labels=dra-gpu.test/real-node=true",
+            "--v=2",
+        ]
+        self._spawn("kubelet", argv)
+
+    def _wait_ready(self, *, deadline: float) -> None:
+        from kubernetes import client  # the harness may use the client; the driver's core not
+
+        core = client.CoreV1Api(self.cluster.api_client())
+        while True:
+            self._check_alive("containerd")
+            self._check_alive("kubelet")
+            with contextlib.suppress(client.ApiException):
+                node = core.read_node(self.name)
+                for cond in node.status.conditions or []:
+                    if cond.type == "Ready" and cond.status == "True":
+                        return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {self.name} not Ready before the deadline")
+            time.sleep(0.5)
+
+    def _check_alive(self, name: str) -> None:
+        proc = self._procs.get(name)
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.log_path(name)}")
+
+    def _stop(self, name: str, *, grace: float = 10.0) -> None:
+        proc = self._procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def _kill_all_containers(self) -> None:
+        """SIGKILL every task and delete every container, so containerd unmounts their roots."""
+        if self._bins is None or "containerd" not in self._procs:
+            return
+        listed = self.ctr("tasks", "list", "--quiet", check=False).stdout.split()
+        for task in listed:
+            self.ctr("tasks", "kill", "--all", "--signal", "SIGKILL", task, check=False)
+        for task in listed:
+            self.ctr("tasks", "delete", "--force", task, check=False)
+        for container in self.ctr("containers", "list", "--quiet", check=False).stdout.split():
+            self.ctr("containers", "delete", container, check=False)
+
+    # -- introspection -------------------------------------------------------------------------
+
+    def log_path(self, name: str) -> Path:
+        return self.paths.logs / f"{name}.log"
+
+    def diagnostics(self, *, lines: int = 40) -> str:
+        parts = []
+        for name in ("containerd", "kubelet"):
+            path = self.log_path(name)
+            if path.is_file():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(f"--- {name} ({path}), last {len(tail)} lines ---\n" + "\n".join(tail))
+        return "\n".join(parts)
+
+    def cdi_specs(self) -> list[Path]:
+        """The CDI spec files currently in the directory containerd reads."""
+        return sorted(self.cdi_root.glob("*.json")) + sorted(self.cdi_root.glob("*.yaml"))
+
+    def summary(self) -> dict[str, str]:
+        return {
+            "name": self.name,
+            "root": str(self.paths.root),
+            "plugin_registry_dir": str(self.paths.plugin_registry_dir),
+            "plugins_dir": str(self.paths.plugins_dir),
+            "cdi_root": str(self.cdi_root),
+            "containerd_socket": str(self.paths.containerd_socket),
+        }
+
+    def __repr__(self) -> str:
+        return f"Node({json.dumps(self.summary())})"
+
+
+def _pem_bytes(value: Any) -> bytes:
+    """The cluster may hand out PEM as bytes, str, or a path to a PEM file."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, Path) or (isinstance(value, str) and not value.startswith("-----")):
+        return Path(value).read_bytes()
+    return str(value).encode()
+
+
+def _cert_and_key(issued: Any) -> tuple[Any, Any]:
+    if isinstance(issued, tuple):
+        return issued[0], issued[1]
+    return issued.cert, issued.key
