@@ -18,6 +18,7 @@ docs/simulated-profiles.md). This module imports neither pydantic nor yaml.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from dra_gpu.devices import migprofiles
 from dra_gpu.devices.model import Discovery, DiscoveryError, GpuInfo, MigDeviceInfo
 
 MIB = migprofiles.MIB
+log = logging.getLogger(__name__)
 
 
 class ProfileError(ValueError):
@@ -209,7 +211,9 @@ class SimulatedBackend:
         for minor, sim in enumerate(self.profile.gpus):
             problems = _gpu_errors(sim)
             if problems:
-                errors.append(DiscoveryError(minor, "skipped: " + "; ".join(problems)))
+                error = DiscoveryError(minor, "skipped: " + "; ".join(problems))
+                log.warning("simulated %s", error)
+                errors.append(error)
                 continue
             gpus.append(self._gpu(minor, sim))
         return Discovery(gpus=tuple(gpus), errors=tuple(errors))

@@ -1,0 +1,137 @@
+"""``dra-gpu discover``: what this node would publish, without a cluster.
+
+``-o table`` is for people (one row a device); ``-o json`` / ``-o yaml`` print the ResourceSlice
+objects exactly as the kubelet plugin publishes them (same builder, same names), as a ``v1 List``
+in JSON and a multi-document stream in YAML, so either can be fed to
+``kubectl create --dry-run=server -f -``.
+
+Imports stay light on purpose: without ``--simulate`` only pynvml is needed (no pydantic, no
+yaml, no Kubernetes client), so the command runs on a bare GPU host.
+
+Exit status: 0 when every GPU was read, 1 when any GPU (or the backend) failed — the devices
+that could be read are still printed, the failures are logged on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import dra_gpu
+from dra_gpu import slices
+from dra_gpu.devices import naming
+from dra_gpu.devices.model import CAP_MEMORY, Device, Discovery, GpuBackend
+
+POOL_GENERATION = 1
+
+
+def default_node_name() -> str:
+    return os.environ.get("NODE_NAME") or socket.gethostname().lower()
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "discover",
+        help="show the GPUs and MIG devices this node would publish",
+        description="Discover GPUs (NVML, or a simulated profile) and print the devices or the "
+        "ResourceSlices the plugin would publish.",
+    )
+    p.add_argument(
+        "--simulate",
+        metavar="PROFILE|PATH",
+        help="use a simulated profile (h200x8, h100x8, a100x4-mig) or a profile file "
+        "instead of NVML",
+    )
+    p.add_argument("--node-name", default=None, help="node name (default: $NODE_NAME or hostname)")
+    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    p.add_argument(
+        "--nvml-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up on an NVML call after this long (default 10)",
+    )
+    p.set_defaults(func=run)
+
+
+def make_backend(*, simulate: str | None, node_name: str, nvml_timeout_s: float) -> GpuBackend:
+    if simulate is not None:
+        from dra_gpu.devices import simulated
+
+        return simulated.SimulatedBackend(
+            profile=simulated.resolve_profile(simulate), node_name=node_name
+        )
+    from dra_gpu.devices import nvml
+
+    return nvml.NvmlBackend(call_timeout_s=nvml_timeout_s)
+
+
+def render_table(devices: Sequence[Device]) -> str:
+    header = ("NAME", "TYPE", "PRODUCT", "MEMORY", "MIG PROFILE", "UUID")
+    rows = [header] + [
+        (
+            d.name,
+            d.type,
+            d.gpu.product_name,
+            f"{d.capacity[CAP_MEMORY] / 2**30:.1f} GiB",
+            d.mig.profile if d.mig else "-",
+            d.uuid or "-",
+        )
+        for d in devices
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if not devices:
+        lines.append("(no devices)")
+    return "\n".join(lines)
+
+
+def render(output: str, *, devices: Sequence[Device], node_name: str) -> str:
+    if output == "table":
+        return render_table(devices)
+    objs = slices.build_resource_slices(
+        devices=devices,
+        driver_name=dra_gpu.DRIVER_NAME,
+        node_name=node_name,
+        pool_generation=POOL_GENERATION,
+        node_owner=None,
+    )
+    if output == "json":
+        doc: dict[str, Any] = {"apiVersion": "v1", "kind": "List", "items": objs}
+        return json.dumps(doc, indent=2)
+    import yaml  # only for -o yaml
+
+    return str(yaml.safe_dump_all(objs, sort_keys=False)).rstrip("\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(stream=sys.stderr, format="dra-gpu discover: %(levelname)s: %(message)s")
+    node_name = args.node_name or default_node_name()
+    try:
+        backend = make_backend(
+            simulate=args.simulate, node_name=node_name, nvml_timeout_s=args.nvml_timeout
+        )
+    except ValueError as e:  # unknown profile, bad profile file
+        print(f"dra-gpu discover: {e}", file=sys.stderr)
+        return 2
+    discovery: Discovery = backend.discover()
+    try:
+        devices = naming.build_devices(discovery.gpus)
+    except ValueError as e:
+        print(f"dra-gpu discover: {e}", file=sys.stderr)
+        return 1
+    print(render(args.output, devices=devices, node_name=node_name))
+    if discovery.errors:
+        print(
+            f"dra-gpu discover: {len(discovery.errors)} problem(s): "
+            + "; ".join(str(e) for e in discovery.errors),
+            file=sys.stderr,
+        )
+        return 1
+    return 0
