@@ -1,0 +1,126 @@
+"""Admission review of ResourceClaims and ResourceClaimTemplates: pure, dict in, dict out.
+
+:func:`review` takes an ``admission.k8s.io/v1`` AdmissionReview and returns the AdmissionReview
+to send back. It never raises on bad input: a malformed review gets a refusal naming the problem.
+
+- Refusal: every opaque config whose ``driver`` is ``gpu.nvidia.com`` must decode with
+  :func:`dra_gpu.config.parse_opaque_config`, the very function prepare uses, so a claim admitted
+  here cannot fail prepare on its config. The message names each bad field by its full path in
+  the object (``spec.devices.config[0].opaque.parameters.sharing.strategy: ...``).
+- Warnings (allowed, flagged to the user by kubectl): selectors referencing attribute or
+  capacity names the driver never publishes (:mod:`selectors`), in ``exactly.selectors`` and in
+  ``firstAvailable[].selectors`` (and the request-level ``selectors`` of older API versions).
+- Configs of other drivers, deletes and other kinds are allowed untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+from dra_gpu import config as gpu_config
+from dra_gpu.controller import selectors
+
+REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
+DRIVER: Final = "gpu.nvidia.com"
+# Where the DeviceClaim (spec.devices) sits in each kind we review.
+_DEVICES_PATH: Final = {
+    "ResourceClaim": ("spec", "devices"),
+    "ResourceClaimTemplate": ("spec", "spec", "devices"),
+}
+_REVIEWED_OPERATIONS: Final = frozenset({"CREATE", "UPDATE"})
+
+JSON = dict[str, Any]
+
+
+def _field(obj: object, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else None
+
+
+def _items(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def config_problems(devices: Mapping[str, Any], prefix: str) -> list[str]:
+    """One message per invalid field of this driver's opaque configs in a DeviceClaim."""
+    problems: list[str] = []
+    for i, entry in enumerate(_items(devices.get("config"))):
+        opaque = _field(entry, "opaque")
+        if _field(opaque, "driver") != DRIVER:
+            continue
+        path = f"{prefix}.config[{i}].opaque.parameters"
+        params = _field(opaque, "parameters")
+        if not isinstance(params, Mapping):
+            problems.append(f"{path}: must be an object")
+            continue
+        try:
+            gpu_config.parse_opaque_config(params)
+        except gpu_config.ConfigError as exc:
+            problems.extend(f"{path}.{p}" if p.path else f"{path}: {p}" for p in exc.problems)
+    return problems
+
+
+def _selector_lists(devices: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, list[Any]]]:
+    for i, request in enumerate(_items(devices.get("requests"))):
+        base = f"{prefix}.requests[{i}]"
+        exactly = _field(request, "exactly")
+        if isinstance(exactly, Mapping):
+            yield f"{base}.exactly.selectors", _items(exactly.get("selectors"))
+        # Request-level selectors: the shape of resource.k8s.io/v1beta1.
+        yield f"{base}.selectors", _items(_field(request, "selectors"))
+        for j, sub in enumerate(_items(_field(request, "firstAvailable"))):
+            yield f"{base}.firstAvailable[{j}].selectors", _items(_field(sub, "selectors"))
+
+
+def selector_warnings(devices: Mapping[str, Any], prefix: str) -> list[str]:
+    """One warning per unpublished name used by a selector, with the selector's path."""
+    warnings: list[str] = []
+    for path, entries in _selector_lists(devices, prefix):
+        for k, selector in enumerate(entries):
+            expression = _field(_field(selector, "cel"), "expression")
+            if isinstance(expression, str):
+                warnings.extend(
+                    f"{path}[{k}]: {w}" for w in selectors.unknown_name_warnings(expression)
+                )
+    return warnings
+
+
+def _devices(kind: str, obj: object) -> tuple[str, Mapping[str, Any] | None]:
+    node = obj
+    for key in _DEVICES_PATH[kind]:
+        node = _field(node, key)
+    return ".".join(_DEVICES_PATH[kind]), node if isinstance(node, Mapping) else None
+
+
+def _response(uid: str, *, problems: list[str], warnings: list[str]) -> JSON:
+    response: JSON = {"uid": uid, "allowed": not problems}
+    if problems:
+        response["status"] = {
+            "code": 422,
+            "reason": "Invalid",
+            "message": "; ".join(problems),
+        }
+    if warnings:
+        response["warnings"] = warnings
+    return {"apiVersion": REVIEW_API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def review(admission_review: Mapping[str, Any]) -> JSON:
+    """The AdmissionReview response for one AdmissionReview request."""
+    request = _field(admission_review, "request")
+    uid = _field(request, "uid")
+    if not isinstance(uid, str) or not uid:
+        return _response(
+            "", problems=["malformed AdmissionReview: request.uid missing"], warnings=[]
+        )
+    kind = _field(_field(request, "kind"), "kind")
+    if kind not in _DEVICES_PATH or _field(request, "operation") not in _REVIEWED_OPERATIONS:
+        return _response(uid, problems=[], warnings=[])
+    prefix, devices = _devices(kind, _field(request, "object"))
+    if devices is None:
+        return _response(uid, problems=[], warnings=[])
+    return _response(
+        uid,
+        problems=config_problems(devices, prefix),
+        warnings=selector_warnings(devices, prefix),
+    )

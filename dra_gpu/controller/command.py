@@ -1,0 +1,191 @@
+"""``dra-gpu controller``: flags, and the lifecycle of the controller's threads.
+
+Threads: the webhook server (every replica), the leader elector, the DeviceClass watch and the
+reconcile loop (acts only while leading). SIGTERM/SIGINT stop them in order: the reconciler
+first, then the elector releases the Lease (so another replica takes over within its retry
+period instead of waiting for expiry), then the webhook stops serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from types import FrameType
+
+from dra_gpu.controller import admission, certs, electing, kube, leases, reconciling, serving
+
+log = logging.getLogger("dra_gpu.controller")
+
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _default_namespace() -> str:
+    if ns := os.environ.get("POD_NAMESPACE"):
+        return ns
+    try:
+        return _SA_NAMESPACE.read_text().strip() or "kube-system"
+    except OSError:
+        return "kube-system"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "controller",
+        help="keep the DeviceClasses applied and serve the admission webhook",
+        description="Cluster-wide controller: DeviceClasses (leader only) and the admission "
+        "webhook for ResourceClaims/ResourceClaimTemplates (every replica).",
+    )
+    p.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)"
+    )
+    p.add_argument(
+        "--config", type=Path, help="administrators' classes file (YAML), re-read on change"
+    )
+    p.add_argument(
+        "--extended-resource-name",
+        metavar="NAME",
+        help="extendedResourceName of the gpu.nvidia.com class, e.g. nvidia.com/gpu",
+    )
+    p.add_argument("--resync-period", type=float, default=30.0, metavar="SECONDS")
+    web = p.add_argument_group("admission webhook (served when --webhook-port is given)")
+    web.add_argument("--webhook-port", type=int, help="HTTPS port; 0 picks a free one")
+    web.add_argument("--webhook-address", default="0.0.0.0", help="address to listen on")
+    web.add_argument("--tls-cert-file", type=Path, help="serving certificate (PEM)")
+    web.add_argument("--tls-key-file", type=Path, help="its private key (PEM)")
+    web.add_argument(
+        "--cert-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "dra-gpu-webhook-certs",
+        help="where a self-signed CA and certificate are written when no "
+        "--tls-cert-file is given; ca.crt there is the caBundle",
+    )
+    web.add_argument(
+        "--cert-hosts",
+        default=",".join(certs.DEFAULT_HOSTS),
+        help="comma-separated names/IPs of the generated certificate",
+    )
+    le = p.add_argument_group("leader election (coordination.k8s.io/v1 Lease)")
+    le.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
+    le.add_argument("--lease-namespace", default=_default_namespace())
+    le.add_argument("--lease-name", default="dra-gpu-controller")
+    le.add_argument("--identity", default=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}")
+    le.add_argument("--lease-duration", type=float, default=leases.Timing.lease_duration)
+    le.add_argument("--renew-deadline", type=float, default=leases.Timing.renew_deadline)
+    le.add_argument("--renew-period", type=float, default=leases.Timing.renew_period)
+    le.add_argument("--retry-period", type=float, default=leases.Timing.retry_period)
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.set_defaults(func=main)
+
+
+def _start_webhook(
+    args: argparse.Namespace,
+) -> tuple[serving.WebhookServer, certs.ReloadingContext]:
+    if (args.tls_cert_file is None) != (args.tls_key_file is None):
+        raise SystemExit("--tls-cert-file and --tls-key-file go together")
+    if args.tls_cert_file is not None:
+        files = certs.CertFiles(cert=args.tls_cert_file, key=args.tls_key_file, ca=None)
+    else:
+        hosts = [h.strip() for h in args.cert_hosts.split(",") if h.strip()]
+        files = certs.ensure_self_signed(args.cert_dir, hosts=hosts)
+        log.info("self-signed webhook certificate in use; caBundle: %s", files.ca)
+    context = certs.ReloadingContext(files)
+    server = serving.WebhookServer(
+        host=args.webhook_address,
+        port=args.webhook_port,
+        context=context.context,
+        reviewer=admission.review,
+    )
+    server.start()
+    log.info(
+        "admission webhook listening on https://%s:%d%s",
+        args.webhook_address,
+        server.port,
+        "/validate",
+    )
+    return server, context
+
+
+class _AlwaysLeader:
+    is_leader = True
+
+
+def _thread(name: str, target: object, *args: object) -> threading.Thread:
+    t = threading.Thread(target=target, args=args, name=name, daemon=True)  # type: ignore[arg-type]
+    t.start()
+    return t
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("%s received, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    webhook = _start_webhook(args) if args.webhook_port is not None else None
+    client = kube.Kube.connect(args.kubeconfig)
+    source = reconciling.ClassSource(
+        path=args.config, extended_resource_name=args.extended_resource_name
+    )
+    source.poll()
+    wake = threading.Event()
+    elector_stop = threading.Event()
+    elector: electing.Elector | _AlwaysLeader = _AlwaysLeader()
+    threads = []
+    if args.leader_elect:
+        timing = leases.Timing(
+            args.lease_duration, args.renew_deadline, args.renew_period, args.retry_period
+        )
+        store = electing.KubeLeaseStore(
+            client, namespace=args.lease_namespace, name=args.lease_name
+        )
+        elector = electing.Elector(
+            store, identity=args.identity, clock=electing.SystemClock(), timing=timing
+        )
+        log.info(
+            "leader election on lease %s/%s as %s",
+            args.lease_namespace,
+            args.lease_name,
+            args.identity,
+        )
+        threads.append(_thread("elector", elector.run, elector_stop, lambda leading: wake.set()))
+
+    def is_leader() -> bool:
+        return elector.is_leader
+
+    reconciler = reconciling.Reconciler(client, source)
+    watcher = _thread("watch", reconciling.watch_classes, client, stop, wake.set)
+    loop = threading.Thread(
+        target=reconciling.run,
+        name="reconcile",
+        daemon=True,
+        args=(reconciler, source),
+        kwargs={"stop": stop, "wake": wake, "is_leader": is_leader, "resync_s": args.resync_period},
+    )
+    loop.start()
+    wake.set()
+    while not stop.wait(10.0):
+        if webhook is not None:
+            webhook[1].maybe_reload()
+    loop.join(timeout=30)
+    elector_stop.set()
+    for t in threads:
+        t.join(timeout=10)
+    if webhook is not None:
+        webhook[0].stop()
+    del watcher  # daemon; ends with the process (its request may be blocked on the network)
+    log.info("stopped")
+    return 0

@@ -1,0 +1,65 @@
+"""The ValidatingWebhookConfiguration that sends claims to the webhook (pure, for tests/charts).
+
+The rules select ResourceClaims and ResourceClaimTemplates of ``resource.k8s.io`` on CREATE and
+UPDATE, for ``v1`` only: with ``matchPolicy: Equivalent`` the API server converts requests made
+through older API versions to ``v1`` before calling us, so the webhook reads one shape.
+``sideEffects: None`` lets server-side dry-run requests reach it.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Final
+
+WEBHOOK_NAME: Final = "claims.gpu.nvidia.com"
+VALIDATE_PATH: Final = "/validate"
+
+
+def client_config_url(url: str, *, ca_bundle_pem: bytes) -> dict[str, Any]:
+    """``clientConfig`` for a webhook reached by URL (local processes, tests)."""
+    return {"url": url, "caBundle": base64.b64encode(ca_bundle_pem).decode()}
+
+
+def client_config_service(
+    *, namespace: str, name: str, port: int, ca_bundle_pem: bytes
+) -> dict[str, Any]:
+    """``clientConfig`` for a webhook behind a Service (in-cluster deployment)."""
+    return {
+        "service": {"namespace": namespace, "name": name, "path": VALIDATE_PATH, "port": port},
+        "caBundle": base64.b64encode(ca_bundle_pem).decode(),
+    }
+
+
+def validating_webhook_configuration(
+    name: str,
+    client_config: dict[str, Any],
+    *,
+    failure_policy: str = "Fail",
+    timeout_seconds: int = 10,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "webhooks": [
+            {
+                "name": WEBHOOK_NAME,
+                "clientConfig": client_config,
+                "rules": [
+                    {
+                        "apiGroups": ["resource.k8s.io"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["resourceclaims", "resourceclaimtemplates"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "matchPolicy": "Equivalent",
+                "failurePolicy": failure_policy,
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": timeout_seconds,
+            }
+        ],
+    }
