@@ -19,21 +19,20 @@ and from the node's facts:
 Both get environment describing every device (``GPU_DEVICE_<i>=<name>`` and its UUID, product,
 type, MIG profile and sharing settings), ``<i>`` being the device's position in the claim.
 
-Writes are atomic (temp file, fsync, rename, fsync of the directory): a runtime reading the
-directory sees either no spec or a complete one, also across a crash.
+Writes are atomic (:mod:`dra_gpu.plugin.atomicfile`): a runtime reading the directory sees
+either no spec or a complete one, also across a crash of the plugin.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, Literal
 
 from dra_gpu.config import DeviceConfig, GpuConfig
-from dra_gpu.plugin import cdi_validate
+from dra_gpu.plugin import atomicfile, cdi_validate
 from dra_gpu.plugin.ids import CDIDeviceID, ClaimUID, DeviceName
 
 VENDOR: Final = "k8s.gpu.nvidia.com"
@@ -214,53 +213,25 @@ def build_spec(
 # --- files -----------------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def write_spec(
+    cdi_root: Path, claim_uid: ClaimUID, spec: Mapping[str, Any], *, durable: bool = False
+) -> Path:
+    """Validate and atomically write the claim's spec; returns its path.
 
-
-def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` so readers see the old or the new file, never a part.
-
-    The temp name starts with a dot and does not end in ``.json`` so runtimes watching the
-    directory ignore it.
+    Not fsynced by default: after a power loss the plugin sees a new boot ID and rewrites the
+    specs of every completed claim from the checkpoint, which is durable.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def write_spec(cdi_root: Path, claim_uid: ClaimUID, spec: Mapping[str, Any]) -> Path:
-    """Validate and atomically write the claim's spec; returns its path."""
     problems = cdi_validate.validate_spec(spec)
     if problems:
         raise CDIError(f"refusing to write an invalid CDI spec: {'; '.join(problems)}")
     path = spec_path(cdi_root, claim_uid)
-    write_atomic(path, (json.dumps(spec, indent=2) + "\n").encode())
+    atomicfile.write_atomic(path, (json.dumps(spec, indent=2) + "\n").encode(), durable=durable)
     return path
 
 
-def remove_spec(cdi_root: Path, claim_uid: ClaimUID) -> bool:
+def remove_spec(cdi_root: Path, claim_uid: ClaimUID, *, durable: bool = False) -> bool:
     """Remove the claim's spec; ``False`` if there was none (not an error: unprepare repeats)."""
-    path = spec_path(cdi_root, claim_uid)
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    _fsync_dir(cdi_root)
-    return True
+    return atomicfile.remove(spec_path(cdi_root, claim_uid), durable=durable)
 
 
 def list_specs(cdi_root: Path) -> dict[ClaimUID, Path]:

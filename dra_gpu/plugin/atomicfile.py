@@ -1,0 +1,60 @@
+"""Replace a file so that readers see the old or the new content, never a mix.
+
+``write_atomic`` writes a temp file next to the target and renames it over the target; rename
+is atomic on POSIX file systems, so a reader (or a process killed mid-write) never observes a
+partial file. The temp name starts with a dot and ends in ``.tmp-<pid>``, so a CDI runtime
+watching the directory (it loads only ``*.json``/``*.yaml``) ignores it.
+
+``durable=True`` also survives a power loss: the data is fsynced before the rename and the
+directory after it. Callers skip that only for files that are rebuilt after a reboot anyway
+(CDI specs live on tmpfs on real nodes and are rewritten from the checkpoint on a new boot).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def write_atomic(path: Path, data: bytes, *, durable: bool, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data``; see the module docstring for ``durable``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def remove(path: Path, *, durable: bool) -> bool:
+    """Remove ``path``; ``False`` when it did not exist."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    if durable:
+        fsync_dir(path.parent)
+    return True

@@ -1,0 +1,301 @@
+"""The plugin's checkpoint: which claims are prepared on this node, kept across restarts.
+
+File ``<state dir>/checkpoint.json``; JSON, written atomically. Per claim a state
+``PrepareStarted`` → ``PrepareCompleted``, its name/namespace and what was prepared (enough to
+answer a repeated prepare and to rebuild its CDI spec without the API server or discovery).
+
+Format versions and the rules for upgrading and downgrading
+----------------------------------------------------------
+- ``version`` is the schema the writer used; ``compatible_version`` the oldest schema a reader
+  must understand to use the file. A reader accepts any file whose ``compatible_version`` is
+  at most its own :data:`SCHEMA_VERSION` (so newer files load in older plugins as long as the
+  change was additive), and refuses the others with :class:`CheckpointTooNew` without touching
+  the file (a downgrade across a breaking change must not destroy state).
+- Fields are only ever added, each with a default, so an older file loads. Unknown fields are
+  kept (``extra="allow"``) and written back unchanged, so a downgrade followed by an upgrade
+  loses nothing; a record an older plugin rewrites simply lacks the newer fields.
+- There is no checksum: a checksum over exact bytes broke every upgrade of NVIDIA's driver.
+  A file that is not JSON or not this schema is *corrupt*: it is renamed to
+  ``checkpoint.json.corrupt-<UTC timestamp>``, never overwritten, and :class:`CheckpointCorrupt`
+  is raised naming both paths so the caller can report it (log and Node event).
+
+History: version 1 had no boot ID and no per-device facts (uuid, minor, config...); such
+records still answer repeated prepares and unprepare, but their CDI spec cannot be rebuilt.
+Version 2 (current) added ``compatible_version``, ``boot_id``, device facts and ``share_id``.
+
+Concurrency: :class:`CheckpointStore` applies mutations as a group commit. Threads queue pure
+mutation functions; one of them, holding an ``flock`` on ``checkpoint.lock`` (shared with another
+plugin instance during a rolling update), re-reads the file if someone else changed it, applies
+every queued mutation in order, writes once (fsynced when any mutation asked for durability)
+and wakes the others. A mutation that raises fails alone and changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict
+
+from dra_gpu.plugin import atomicfile
+
+SCHEMA_VERSION: Final = 2
+COMPATIBLE_VERSION: Final = 1  # version 2 only added fields: a version-1 reader can use it
+FILE_NAME: Final = "checkpoint.json"
+LOCK_NAME: Final = "checkpoint.lock"
+BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
+
+PREPARE_STARTED: Final = "PrepareStarted"
+PREPARE_COMPLETED: Final = "PrepareCompleted"
+ClaimState = Literal["PrepareStarted", "PrepareCompleted"]
+
+
+class CheckpointError(RuntimeError):
+    """Base of the checkpoint's errors."""
+
+
+class CheckpointCorrupt(CheckpointError):
+    def __init__(self, path: Path, moved_to: Path, reason: str) -> None:
+        self.path, self.moved_to, self.reason = path, moved_to, reason
+        super().__init__(f"checkpoint {path} is corrupt ({reason}); moved aside to {moved_to}")
+
+
+class CheckpointTooNew(CheckpointError):
+    def __init__(self, path: Path, compatible_version: int) -> None:
+        super().__init__(
+            f"checkpoint {path} needs a plugin that reads schema {compatible_version}; this one "
+            f"reads up to {SCHEMA_VERSION} (downgraded across an incompatible change?)"
+        )
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class DeviceRecord(_Record):
+    request_names: tuple[str, ...] = ()
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...] = ()
+    share_id: str | None = None
+    # Facts to rebuild the CDI spec (version 2); None in version-1 files.
+    type: Literal["gpu", "mig"] | None = None
+    uuid: str | None = None
+    minor: int | None = None
+    product_name: str | None = None
+    mig_profile: str | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    # The applied (normalized) opaque config as JSON; parsed only when used, so a newer
+    # plugin's config fields cannot make the whole checkpoint unreadable.
+    config: dict[str, Any] | None = None
+
+
+class ClaimRecord(_Record):
+    state: ClaimState
+    namespace: str
+    name: str
+    devices: tuple[DeviceRecord, ...] = ()
+
+
+class Checkpoint(_Record):
+    version: int = SCHEMA_VERSION
+    compatible_version: int = COMPATIBLE_VERSION
+    boot_id: str = ""  # "" = unknown (version-1 file)
+    claims: dict[str, ClaimRecord] = {}
+
+    def with_claim(self, uid: str, record: ClaimRecord) -> Checkpoint:
+        return self.model_copy(update={"claims": {**self.claims, uid: record}})
+
+    def without_claim(self, uid: str) -> Checkpoint:
+        return self.model_copy(
+            update={"claims": {k: v for k, v in self.claims.items() if k != uid}}
+        )
+
+    def with_boot_id(self, boot_id: str) -> Checkpoint:
+        return self.model_copy(update={"boot_id": boot_id})
+
+
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    return path.read_text().strip()
+
+
+def encode(checkpoint: Checkpoint) -> bytes:
+    """The file content; always written with this plugin's versions."""
+    current = checkpoint.model_copy(
+        update={"version": SCHEMA_VERSION, "compatible_version": COMPATIBLE_VERSION}
+    )
+    return (current.model_dump_json(indent=1) + "\n").encode()
+
+
+def decode(data: bytes) -> Checkpoint:
+    """Parse file content; raises ValueError (corrupt) or _TooNew."""
+    raw = json.loads(data)
+    if not isinstance(raw, dict):
+        raise ValueError(f"top level is a {type(raw).__name__}, not an object")
+    version = raw.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError(f"no valid schema version (got {version!r})")
+    compatible = raw.get("compatible_version", version if version == 1 else COMPATIBLE_VERSION)
+    if isinstance(compatible, int) and compatible > SCHEMA_VERSION:
+        raise _TooNew(compatible)
+    return Checkpoint.model_validate(raw)
+
+
+class _TooNew(Exception):
+    def __init__(self, compatible_version: int) -> None:
+        self.compatible_version = compatible_version
+
+
+Mutation = Callable[[Checkpoint], Checkpoint]
+
+
+@dataclass
+class _Pending:
+    mutate: Mutation
+    durable: bool
+    done: bool = False
+    result: Checkpoint | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Cache:
+    checkpoint: Checkpoint
+    stamp: tuple[int, int, int] | None  # (inode, mtime_ns, size) of the file it came from
+
+
+@dataclass
+class CheckpointStore:
+    """Loads, caches and group-commits the checkpoint in ``state_dir``."""
+
+    state_dir: Path
+    clock: Callable[[], float] = time.time
+    _cond: threading.Condition = field(default_factory=threading.Condition, init=False)
+    _queue: list[_Pending] = field(default_factory=list, init=False)
+    _leader: bool = field(default=False, init=False)
+    _cache: _Cache | None = field(default=None, init=False)
+
+    @property
+    def path(self) -> Path:
+        return self.state_dir / FILE_NAME
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _move_aside(self) -> Path:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
+        target = self.path.with_name(f"{FILE_NAME}.corrupt-{stamp}")
+        n = 1
+        while target.exists():
+            n += 1
+            target = self.path.with_name(f"{FILE_NAME}.corrupt-{stamp}-{n}")
+        os.replace(self.path, target)
+        atomicfile.fsync_dir(self.state_dir)
+        return target
+
+    def _read(self) -> Checkpoint:
+        """The on-disk checkpoint (cached while the file is unchanged); needs the file lock."""
+        stamp = self._stamp()
+        if self._cache is not None and self._cache.stamp == stamp:
+            return self._cache.checkpoint
+        if stamp is None:
+            checkpoint = Checkpoint()
+        else:
+            try:
+                checkpoint = decode(self.path.read_bytes())
+            except _TooNew as exc:
+                raise CheckpointTooNew(self.path, exc.compatible_version) from None
+            except (ValueError, pydantic.ValidationError) as exc:
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if isinstance(exc, pydantic.ValidationError):
+                    reason = f"{exc.error_count()} schema error(s), first: {_first_error(exc)}"
+                raise CheckpointCorrupt(self.path, self._move_aside(), reason) from exc
+        self._cache = _Cache(checkpoint, stamp)
+        return checkpoint
+
+    def load(self) -> Checkpoint:
+        """The current checkpoint; raises CheckpointCorrupt (after moving the file aside)."""
+        with self._file_lock():
+            return self._read()
+
+    def update(self, mutate: Mutation, *, durable: bool) -> Checkpoint:
+        """Apply ``mutate`` to the latest checkpoint and persist it; returns the new value.
+
+        ``durable`` waits for fsync (a power loss cannot undo it); without it the write is only
+        atomic, which is enough for records a reboot makes moot. Exceptions from ``mutate``
+        propagate and leave the checkpoint unchanged.
+        """
+        pending = _Pending(mutate, durable)
+        with self._cond:
+            self._queue.append(pending)
+            while not pending.done and self._leader:
+                self._cond.wait()
+            if not pending.done:
+                self._leader = True
+                batch, self._queue = self._queue, []
+        if not pending.done:
+            try:
+                self._commit(batch)
+            finally:
+                with self._cond:
+                    self._leader = False
+                    self._cond.notify_all()
+        if pending.error is not None:
+            raise pending.error
+        assert pending.result is not None
+        return pending.result
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        try:
+            with self._file_lock():
+                checkpoint = self._read()
+                applied: list[_Pending] = []
+                for item in batch:
+                    try:
+                        checkpoint = item.mutate(checkpoint)
+                    except Exception as exc:  # one mutation's failure is its caller's only
+                        item.error = exc
+                    else:
+                        item.result = checkpoint
+                        applied.append(item)
+                if applied:
+                    durable = any(item.durable for item in applied)
+                    atomicfile.write_atomic(self.path, encode(checkpoint), durable=durable)
+                    self._cache = _Cache(checkpoint, self._stamp())
+        except BaseException as exc:
+            for item in batch:
+                if item.error is None:
+                    item.error = exc
+        finally:
+            for item in batch:
+                item.done = True
+
+
+def _first_error(exc: pydantic.ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error["loc"])
+    return f"{where}: {error['msg']}"

@@ -1,0 +1,202 @@
+"""Checkpoint: round trip, old and new formats, corruption, concurrent commits.
+
+Cases:
+- what one store writes another loads unchanged; no temp file is left behind;
+- a version-1 file (no boot ID, no device facts) loads;
+- a file with unknown fields (a newer plugin's) loads and keeps those fields when rewritten;
+- a file needing a newer reader is refused and left untouched;
+- garbage and schema violations are reported as corruption, the file moved aside, not lost;
+- a failing mutation changes nothing while others in the same batch commit;
+- two stores on one directory (rolling update) see each other's writes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from dra_gpu.plugin.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    SCHEMA_VERSION,
+    Checkpoint,
+    CheckpointCorrupt,
+    CheckpointStore,
+    CheckpointTooNew,
+    ClaimRecord,
+    DeviceRecord,
+    read_boot_id,
+)
+
+DEVICE = DeviceRecord(
+    request_names=("gpu",),
+    pool="node-a",
+    device="gpu-0",
+    cdi_device_ids=("k8s.gpu.nvidia.com/claim=uid-1-gpu-0",),
+    type="gpu",
+    uuid="GPU-1",
+    minor=0,
+    product_name="NVIDIA H200",
+    config={"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"},
+)
+RECORD = ClaimRecord(state=PREPARE_COMPLETED, namespace="ns", name="c", devices=(DEVICE,))
+
+
+def add(uid: str, record: ClaimRecord = RECORD):  # type: ignore[no-untyped-def]
+    return lambda cp: cp.with_claim(uid, record)
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    assert store.load() == Checkpoint()
+    store.update(lambda cp: cp.with_boot_id("boot-1"), durable=False)
+    written = store.update(add("uid-1"), durable=True)
+    loaded = CheckpointStore(tmp_path).load()
+    assert loaded == written
+    assert loaded.claims["uid-1"].devices[0].uuid == "GPU-1"
+    assert loaded.boot_id == "boot-1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.lock"]
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["version"] == SCHEMA_VERSION
+
+
+VERSION_1 = {
+    "version": 1,
+    "claims": {
+        "uid-1": {
+            "state": "PrepareCompleted",
+            "namespace": "ns",
+            "name": "c",
+            "devices": [
+                {
+                    "request_names": ["gpu"],
+                    "pool": "node-a",
+                    "device": "gpu-0",
+                    "cdi_device_ids": ["k8s.gpu.nvidia.com/claim=uid-1-gpu-0"],
+                }
+            ],
+        }
+    },
+}
+
+
+def test_version_1_file_loads(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_text(json.dumps(VERSION_1))
+    loaded = CheckpointStore(tmp_path).load()
+    assert loaded.boot_id == ""
+    device = loaded.claims["uid-1"].devices[0]
+    assert (device.device, device.uuid, device.config) == ("gpu-0", None, None)
+
+
+def test_unknown_fields_load_and_survive_a_rewrite(tmp_path: Path) -> None:
+    newer = json.loads(
+        CheckpointStore(tmp_path).update(add("uid-1"), durable=False).model_dump_json()
+    )
+    newer["version"] = SCHEMA_VERSION + 1
+    newer["futureTopLevel"] = {"x": 1}
+    newer["claims"]["uid-1"]["futureClaimField"] = "kept"
+    newer["claims"]["uid-1"]["devices"][0]["futureDeviceField"] = 7
+    (tmp_path / "checkpoint.json").write_text(json.dumps(newer))
+    store = CheckpointStore(tmp_path)
+    assert store.load().claims["uid-1"].state == PREPARE_COMPLETED
+    store.update(add("uid-2"), durable=True)
+    rewritten = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert rewritten["futureTopLevel"] == {"x": 1}
+    assert rewritten["claims"]["uid-1"]["futureClaimField"] == "kept"
+    assert rewritten["claims"]["uid-1"]["devices"][0]["futureDeviceField"] == 7
+    assert set(rewritten["claims"]) == {"uid-1", "uid-2"}
+
+
+def test_incompatible_newer_file_is_refused_and_kept(tmp_path: Path) -> None:
+    content = json.dumps({"version": 9, "compatible_version": 9, "claims": {}})
+    (tmp_path / "checkpoint.json").write_text(content)
+    with pytest.raises(CheckpointTooNew, match="reads schema 9"):
+        CheckpointStore(tmp_path).load()
+    assert (tmp_path / "checkpoint.json").read_text() == content
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        pytest.param(b'{"version": 2, "claims": {', "Expecting", id="truncated"),
+        pytest.param(b"\x00\x00\x00", "Expecting value", id="zeros"),
+        pytest.param(b"[]", "top level is a list", id="not-object"),
+        pytest.param(b'{"claims": {}}', "no valid schema version", id="no-version"),
+        pytest.param(
+            b'{"version": 2, "claims": {"u": {"state": "Bogus", "namespace": "n", "name": "c"}}}',
+            "claims.u.state",
+            id="bad-state",
+        ),
+    ],
+)
+def test_corruption_is_reported_and_file_moved_aside(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    (tmp_path / "checkpoint.json").write_bytes(content)
+    store = CheckpointStore(tmp_path, clock=lambda: 0.0)
+    with pytest.raises(CheckpointCorrupt) as info:
+        store.load()
+    assert reason in str(info.value)
+    assert info.value.moved_to == tmp_path / "checkpoint.json.corrupt-19700101T000000Z"
+    assert info.value.moved_to.read_bytes() == content
+    assert not (tmp_path / "checkpoint.json").exists()
+    assert store.load() == Checkpoint()  # keeps serving with an empty checkpoint
+    (tmp_path / "checkpoint.json").write_bytes(content)
+    with pytest.raises(CheckpointCorrupt) as again:
+        store.load()
+    assert again.value.moved_to.name.endswith("-2"), "a second corrupt file never overwrites"
+
+
+def test_failing_mutation_changes_nothing(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.update(add("uid-1"), durable=True)
+
+    def boom(cp: Checkpoint) -> Checkpoint:
+        raise ValueError("device taken")
+
+    with pytest.raises(ValueError, match="device taken"):
+        store.update(boom, durable=True)
+    assert set(CheckpointStore(tmp_path).load().claims) == {"uid-1"}
+
+
+def test_concurrent_updates_all_commit(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            started = ClaimRecord(state=PREPARE_STARTED, namespace="ns", name=f"c{i}")
+            store.update(add(f"uid-{i}", started), durable=False)
+            if i % 5 == 0:
+                with pytest.raises(KeyError):
+                    store.update(lambda cp: (_ for _ in ()).throw(KeyError(i)), durable=True)
+            store.update(add(f"uid-{i}"), durable=True)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    claims = CheckpointStore(tmp_path).load().claims
+    assert set(claims) == {f"uid-{i}" for i in range(32)}
+    assert {c.state for c in claims.values()} == {PREPARE_COMPLETED}
+
+
+def test_two_stores_see_each_others_writes(tmp_path: Path) -> None:
+    a, b = CheckpointStore(tmp_path), CheckpointStore(tmp_path)
+    a.update(add("uid-a"), durable=True)
+    assert set(b.load().claims) == {"uid-a"}
+    b.update(add("uid-b"), durable=True)
+    a.update(lambda cp: cp.without_claim("uid-b"), durable=True)
+    assert set(b.load().claims) == {"uid-a"}
+
+
+def test_boot_id(tmp_path: Path) -> None:
+    assert len(read_boot_id()) == 36
+    (tmp_path / "boot_id").write_text("abc\n")
+    assert read_boot_id(tmp_path / "boot_id") == "abc"
