@@ -1,0 +1,205 @@
+"""A fake pynvml module for NvmlBackend tests: real error types, scripted answers and faults.
+
+GPU facts default to the real H200 of shared/fixtures/nvml-h200.json. Faults are keyed by
+``(function name, GPU index)``: ``fail`` raises that NVML error, ``hang`` blocks until the test
+releases it (the fixture that owns the fake always releases, so no thread outlives a test).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+from dra_gpu.devices import migprofiles
+
+
+@dataclass
+class FakeMig:
+    uuid: str
+    gi_id: int
+    profile: migprofiles.MigProfile
+    start: int
+    ci_slices: int | None = None  # compute slices of the CI; None = whole GI
+
+
+@dataclass
+class FakeGpu:
+    index: int
+    minor: int
+    uuid: str = "GPU-dca98826-84b3-01c9-07e5-0760ceb4833e"
+    name: str = "NVIDIA H200"
+    brand: int = 14
+    arch: int = 9
+    cc: tuple[int, int] = (9, 0)
+    memory_total: int = 150754820096
+    bus_id: bytes = b"00000000:00:06.0"
+    mig_mode: tuple[int, int] | None = (0, 0)  # None: NOT_SUPPORTED
+    addressing_mode: int | None = 0  # None: NOT_SUPPORTED
+    mig_table: migprofiles.MigTable = migprofiles.H200_141GB
+    migs: list[FakeMig] = field(default_factory=list)
+
+
+class FakeNvml:
+    """Duck-types the parts of pynvml that NvmlBackend uses."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, gpus: list[FakeGpu]) -> None:
+        self.gpus = gpus
+        self.fail: dict[tuple[str, int | None], int] = {}
+        self.hang: set[tuple[str, int | None]] = set()
+        self.release = threading.Event()
+        self.calls: list[str] = []
+        self.driver_version = "580.159.04"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("NVML_"):  # constants come from the real module
+            return getattr(pynvml, name)
+        raise AttributeError(name)
+
+    def _enter(self, fn: str, index: int | None) -> None:
+        self.calls.append(fn)
+        if (fn, index) in self.hang:
+            self.release.wait(timeout=30)
+        code = self.fail.get((fn, index))
+        if code is not None:
+            raise pynvml.NVMLError(code)
+
+    @staticmethod
+    def _idx(h: Any) -> int:
+        return int(h.index if isinstance(h, FakeGpu) else h.parent.index)
+
+    # system
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit", None)
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown", None)
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion", None)
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._enter("nvmlSystemGetCudaDriverVersion", None)
+        return 13000
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount", None)
+        return len(self.gpus)
+
+    # GPU
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeGpu:
+        self._enter("nvmlDeviceGetHandleByIndex", i)
+        return self.gpus[i]
+
+    def nvmlDeviceGetUUID(self, h: Any) -> str:
+        self._enter("nvmlDeviceGetUUID", self._idx(h))
+        return str(h.uuid)
+
+    def nvmlDeviceGetName(self, h: FakeGpu) -> str:
+        self._enter("nvmlDeviceGetName", h.index)
+        return h.name
+
+    def nvmlDeviceGetBrand(self, h: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetBrand", h.index)
+        return h.brand
+
+    def nvmlDeviceGetArchitecture(self, h: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetArchitecture", h.index)
+        return h.arch
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: FakeGpu) -> tuple[int, int]:
+        self._enter("nvmlDeviceGetCudaComputeCapability", h.index)
+        return h.cc
+
+    def nvmlDeviceGetPciInfo(self, h: FakeGpu) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetPciInfo", h.index)
+        return SimpleNamespace(busId=h.bus_id)
+
+    def nvmlDeviceGetMinorNumber(self, h: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetMinorNumber", h.index)
+        return h.minor
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetMemoryInfo", h.index)
+        return SimpleNamespace(total=h.memory_total, free=h.memory_total, used=0)
+
+    def nvmlDeviceGetMigMode(self, h: FakeGpu) -> tuple[int, int]:
+        self._enter("nvmlDeviceGetMigMode", h.index)
+        if h.mig_mode is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return h.mig_mode
+
+    def nvmlDeviceGetAddressingMode(self, h: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetAddressingMode", h.index)
+        if h.addressing_mode is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return h.addressing_mode
+
+    # MIG
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: FakeGpu, p: int) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetGpuInstanceProfileInfo", h.index)
+        profiles = h.mig_table.profiles
+        if p >= len(profiles):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        prof = profiles[p]
+        return SimpleNamespace(
+            id=prof.gi_profile_id,
+            sliceCount=prof.compute_slices,
+            memorySizeMB=prof.memory_mib,
+            multiprocessorCount=prof.multiprocessors,
+            copyEngineCount=prof.copy_engines,
+            decoderCount=prof.decoders,
+            encoderCount=prof.encoders,
+            jpegCount=prof.jpeg_engines,
+            ofaCount=prof.ofa_engines,
+            name=f"MIG {prof.name}".encode(),
+        )
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetMaxMigDeviceCount", h.index)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: FakeGpu, j: int) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetMigDeviceHandleByIndex", h.index)
+        if j >= len(h.migs):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return SimpleNamespace(parent=h, mig=h.migs[j], uuid=h.migs[j].uuid)
+
+    def nvmlDeviceGetGpuInstanceId(self, mh: SimpleNamespace) -> int:
+        self._enter("nvmlDeviceGetGpuInstanceId", self._idx(mh))
+        return int(mh.mig.gi_id)
+
+    def nvmlDeviceGetComputeInstanceId(self, mh: SimpleNamespace) -> int:
+        self._enter("nvmlDeviceGetComputeInstanceId", self._idx(mh))
+        return 0
+
+    def nvmlDeviceGetGpuInstanceById(self, h: FakeGpu, gi_id: int) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetGpuInstanceById", h.index)
+        mig = next(m for m in h.migs if m.gi_id == gi_id)
+        return SimpleNamespace(parent=h, mig=mig)
+
+    def nvmlGpuInstanceGetInfo(self, gi: SimpleNamespace) -> SimpleNamespace:
+        self._enter("nvmlGpuInstanceGetInfo", self._idx(gi))
+        m = gi.mig
+        placement = SimpleNamespace(start=m.start, size=m.profile.memory_slices)
+        return SimpleNamespace(id=m.gi_id, profileId=m.profile.gi_profile_id, placement=placement)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi: SimpleNamespace, ci: int) -> Any:
+        self._enter("nvmlGpuInstanceGetComputeInstanceById", self._idx(gi))
+        return gi
+
+    def nvmlComputeInstanceGetInfo(self, ci: SimpleNamespace) -> SimpleNamespace:
+        self._enter("nvmlComputeInstanceGetInfo", self._idx(ci))
+        return SimpleNamespace(id=0, profileId=ci.mig.profile.ci_profile_id)
+
+    def nvmlDeviceGetAttributes(self, mh: SimpleNamespace) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetAttributes", self._idx(mh))
+        m = mh.mig
+        g = m.profile.compute_slices
+        return SimpleNamespace(gpuInstanceSliceCount=g, computeInstanceSliceCount=m.ci_slices or g)
