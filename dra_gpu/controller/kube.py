@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client as k8s_client
@@ -50,6 +52,23 @@ def _error(status: int, data: bytes) -> ApiError:
         pass
     cls = {404: NotFound, 409: Conflict}.get(status, ApiError)
     return cls(status, message, reason=reason)
+
+
+@dataclass(frozen=True)
+class Reply:
+    body: JSON
+    warnings: tuple[str, ...]  # texts of the response's ``Warning: 299 - "..."`` headers
+
+
+_WARNING = re.compile(r'^\s*299\s+\S+\s+"(?P<text>(?:[^"\\]|\\.)*)"')
+
+
+def _warnings(headers: list[str]) -> tuple[str, ...]:
+    out = []
+    for header in headers:
+        match = _WARNING.match(header)
+        out.append(match["text"].replace('\\"', '"').replace("\\\\", "\\") if match else header)
+    return tuple(out)
 
 
 class Kube:
@@ -100,7 +119,7 @@ class Kube:
         except OSError as exc:
             raise ApiError(0, str(exc)) from exc
 
-    def request(
+    def call(
         self,
         method: str,
         path: str,
@@ -108,8 +127,8 @@ class Kube:
         query: Mapping[str, str] | None = None,
         body: Mapping[str, Any] | None = None,
         timeout: float = 30.0,
-    ) -> JSON:
-        """One request; the decoded JSON answer, or an :class:`ApiError`."""
+    ) -> Reply:
+        """One request; the decoded JSON answer and the server's warnings, or an ApiError."""
         try:
             response = self._send(method, path, query=query, body=body, timeout=timeout)
             data: bytes = response.read()
@@ -120,7 +139,20 @@ class Kube:
         if not 200 <= response.status <= 299:
             raise _error(response.status, data)
         decoded = json.loads(data) if data else {}
-        return decoded if isinstance(decoded, dict) else {"value": decoded}
+        body_out = decoded if isinstance(decoded, dict) else {"value": decoded}
+        return Reply(body_out, _warnings(response.headers.getlist("Warning")))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Mapping[str, Any] | None = None,
+        timeout: float = 30.0,
+    ) -> JSON:
+        """One request; the decoded JSON answer, or an :class:`ApiError`."""
+        return self.call(method, path, query=query, body=body, timeout=timeout).body
 
     def watch(self, path: str, *, query: Mapping[str, str], timeout_s: int) -> Iterator[JSON]:
         """Watch events (``{"type": ..., "object": ...}``) until the server ends the stream."""

@@ -37,7 +37,16 @@ def validating_webhook_configuration(
     failure_policy: str = "Fail",
     timeout_seconds: int = 10,
     labels: dict[str, str] | None = None,
+    namespaces: list[str] | None = None,
 ) -> dict[str, Any]:
+    """The configuration; ``namespaces`` limits it to those (tests keep others unaffected)."""
+    selector: dict[str, Any] = {}
+    if namespaces is not None:
+        selector = {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}
+            ]
+        }
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -56,6 +65,7 @@ def validating_webhook_configuration(
                     }
                 ],
                 "matchPolicy": "Equivalent",
+                "namespaceSelector": selector,
                 "failurePolicy": failure_policy,
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],

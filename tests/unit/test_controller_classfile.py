@@ -8,9 +8,11 @@ extendedResourceName overrides the flag; unpublished names in selectors produce 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from dra_gpu.controller import classes, classfile
+from dra_gpu.controller import classes, classfile, reconciling
 
 GOOD = """
 classes:
@@ -123,3 +125,21 @@ def test_selector_warnings_name_the_entry() -> None:
     assert len(parsed.classes) == 1
     (warning,) = parsed.warnings
     assert warning.startswith("classes[0] (a.b).selectors[0]:") and "'brand'" in warning
+
+
+def test_source_rereads_changed_file_and_keeps_last_good(tmp_path: Path) -> None:
+    path = tmp_path / "classes.yaml"
+    path.write_text("classes: [{name: a.example.com}]")
+    source = reconciling.ClassSource(path=path, extended_resource_name=None)
+    assert source.poll() is True
+    assert [d.name for d in source.desired()][2:] == ["a.example.com"]
+    assert source.poll() is False  # unchanged
+    path.write_text("classes: [{name: b.example.com}, {name: c.example.com}]")
+    assert source.poll() is True
+    assert [d.name for d in source.desired()][2:] == ["b.example.com", "c.example.com"]
+    path.write_text("classes: [")  # broken: the last good state stays
+    assert source.poll() is False
+    assert [d.name for d in source.desired()][2:] == ["b.example.com", "c.example.com"]
+    path.unlink()
+    assert source.poll() is False
+    assert len(source.desired()) == 4
