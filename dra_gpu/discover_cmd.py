@@ -135,3 +135,16 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dra_gpu.discover_cmd [options]``: the same command without the other
+    subcommands' imports (for a bare GPU host that has only pynvml)."""
+    parser = argparse.ArgumentParser(prog="dra-gpu")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["discover", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
