@@ -17,7 +17,11 @@ import dra_gpu
 
 # Modules that provide subcommands, in the order --help lists them. Each has
 # ``register(subparsers)`` that adds its parser and sets ``func`` on it.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("dra_gpu.controller.command", "dra_gpu.discover_cmd")
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "dra_gpu.controller.command",
+    "dra_gpu.discover_cmd",
+    "dra_gpu.plugin.main",
+)
 
 
 def _cmd_version(_: argparse.Namespace) -> int:

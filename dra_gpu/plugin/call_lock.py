@@ -1,0 +1,65 @@
+"""One DRA call at a time on a node, across every instance of the plugin (rolling update).
+
+During a rolling update two plugin instances serve the same node; the kubelet may send
+prepare to one and unprepare to the other. A ``flock`` on a file in the plugin data directory,
+which both instances share, serializes those calls. Each call opens the file anew: flock locks
+belong to the open file description, so this also serializes threads of one process.
+
+The lock is applied by a server interceptor to every method of the DRA services, so the DRA
+adapter itself needs no knowledge of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+DRA_SERVICE_PREFIX = "/k8s.io.kubelet.pkg.apis.dra."
+
+
+@contextlib.contextmanager
+def held(path: Path) -> Iterator[None]:
+    """Hold the exclusive lock on ``path`` (created if missing) for the block."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+class SerializeDraCalls(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    """Wraps the unary DRA methods so each runs while holding the node-wide lock."""
+
+    def __init__(self, lock_path: Path) -> None:
+        self._lock_path = lock_path
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or not method.startswith(DRA_SERVICE_PREFIX):
+            return handler
+        inner = handler.unary_unary
+        if inner is None:
+            return handler
+        lock_path = self._lock_path
+
+        def locked(request: Any, context: grpc.ServicerContext) -> Any:
+            with held(lock_path):
+                return inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            locked,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

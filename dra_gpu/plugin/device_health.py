@@ -1,0 +1,166 @@
+"""Device health streams for the kubelet (``DRAResourceHealth``, v1alpha1 and v1).
+
+Design:
+- ``HealthFeed`` (no grpc) holds the current health of every published device and a version
+  number that goes up on each change; streams wait on it.
+- Each ``NodeWatchResources`` stream sends the complete list at once, again after every change,
+  and again every ``resend_s`` as a heartbeat, so the kubelet never reaches
+  ``health_check_timeout_seconds`` without news and marks devices Unknown.
+- A stream holds one server thread for its life; it ends when the client goes away or the feed
+  is closed at shutdown. Waits are short so a vanished client frees its thread soon.
+- Devices start HEALTHY when discovery reports them; there is no fault source yet (XID events
+  would feed ``HealthFeed.set`` later).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from dra_gpu.pb import (
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
+)
+
+HEALTHY = "HEALTHY"
+UNHEALTHY = "UNHEALTHY"
+UNKNOWN = "UNKNOWN"
+TIMEOUT_S = 120
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceState:
+    health: str
+    updated: int  # unix seconds
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    version: int
+    pool: str
+    devices: Mapping[str, DeviceState]
+
+
+class HealthFeed:
+    """Health of the devices of one pool; thread-safe."""
+
+    def __init__(self, *, pool: str, clock: Any = time.time) -> None:
+        self._pool = pool
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._devices: dict[str, DeviceState] = {}
+        self._version = 0
+        self._closed = False
+
+    def set_devices(self, names: Sequence[str]) -> None:
+        """The published devices changed: keep known states, new devices start HEALTHY."""
+        now = int(self._clock())
+        with self._cond:
+            old = self._devices
+            self._devices = {n: old.get(n) or DeviceState(HEALTHY, now) for n in names}
+            self._bump()
+
+    def set(self, name: str, *, health: str, message: str = "") -> None:
+        with self._cond:
+            if name in self._devices:
+                self._devices[name] = DeviceState(health, int(self._clock()), message[:1024])
+                self._bump()
+
+    def _bump(self) -> None:
+        self._version += 1
+        self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def snapshot(self) -> Snapshot:
+        with self._cond:
+            return Snapshot(self._version, self._pool, dict(self._devices))
+
+    def wait_newer(self, version: int, timeout: float) -> Snapshot | None:
+        """The state once its version exceeds ``version``; None on timeout or when closed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or self._version > version, timeout)
+            if self._closed or self._version <= version:
+                return None
+            return Snapshot(self._version, self._pool, dict(self._devices))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+def _response(pb: ModuleType, snap: Snapshot) -> Any:
+    return pb.NodeWatchResourcesResponse(
+        devices=[
+            pb.DeviceHealth(
+                device=pb.DeviceIdentifier(pool_name=snap.pool, device_name=name),
+                health=pb.HealthStatus.Value(state.health),
+                last_updated_time=state.updated,
+                health_check_timeout_seconds=TIMEOUT_S,
+                message=state.message,
+            )
+            for name, state in sorted(snap.devices.items())
+        ]
+    )
+
+
+def watch(
+    feed: HealthFeed, pb: ModuleType, context: grpc.ServicerContext, *, resend_s: float
+) -> Iterator[Any]:
+    """The stream body shared by both API versions (their messages are wire-identical)."""
+    snap = feed.snapshot()
+    yield _response(pb, snap)
+    last_sent = time.monotonic()
+    while context.is_active() and not feed.closed:
+        newer = feed.wait_newer(snap.version, timeout=1.0)
+        if newer is not None:
+            snap = newer
+        elif time.monotonic() - last_sent < resend_s:
+            continue
+        yield _response(pb, snap)
+        last_sent = time.monotonic()
+
+
+class HealthV1Servicer(health_v1_pb2_grpc.DRAResourceHealthServicer):
+    def __init__(self, feed: HealthFeed, *, resend_s: float = 30.0) -> None:
+        self._feed = feed
+        self._resend_s = resend_s
+
+    def NodeWatchResources(
+        self, request: health_v1_pb2.NodeWatchResourcesRequest, context: grpc.ServicerContext
+    ) -> Iterator[health_v1_pb2.NodeWatchResourcesResponse]:
+        return watch(self._feed, health_v1_pb2, context, resend_s=self._resend_s)
+
+
+class HealthV1Alpha1Servicer(health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
+    def __init__(self, feed: HealthFeed, *, resend_s: float = 30.0) -> None:
+        self._feed = feed
+        self._resend_s = resend_s
+
+    def NodeWatchResources(
+        self,
+        request: health_v1alpha1_pb2.NodeWatchResourcesRequest,
+        context: grpc.ServicerContext,
+    ) -> Iterator[health_v1alpha1_pb2.NodeWatchResourcesResponse]:
+        return watch(self._feed, health_v1alpha1_pb2, context, resend_s=self._resend_s)
+
+
+def add_to_server(server: grpc.Server, feed: HealthFeed, *, resend_s: float = 30.0) -> None:
+    health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+        HealthV1Servicer(feed, resend_s=resend_s), server
+    )
+    health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+        HealthV1Alpha1Servicer(feed, resend_s=resend_s), server
+    )

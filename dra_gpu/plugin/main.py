@@ -1,0 +1,109 @@
+"""``dra-gpu kubelet-plugin``: flags -> settings -> running plugin until SIGTERM/SIGINT.
+
+Kept thin: settings come from ``settings``, the lifecycle from ``node_plugin``. Exit codes:
+0 after a clean stop on a signal, 2 for unusable settings, 1 when start-up fails (the message
+says what to fix). Heavy imports (grpc, the Kubernetes client) happen only once a command runs,
+so ``dra-gpu --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from dra_gpu.plugin import settings as plugin_settings
+
+if TYPE_CHECKING:
+    from dra_gpu.plugin.node_plugin import DraRegistrar
+
+log = logging.getLogger("dra_gpu.plugin")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "kubelet-plugin",
+        help="run the node plugin: register with the kubelet, publish ResourceSlices",
+        description="Run the DRA kubelet plugin of this node. Every flag can also be set by "
+        "the environment variable named in its help.",
+    )
+    plugin_settings.add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def dra_registrar(settings: plugin_settings.Settings) -> DraRegistrar:
+    """The function that adds the DRA services to a server.
+
+    Until the prepare state machine is part of the build, the placeholder refuses every claim.
+    """
+    from dra_gpu.plugin import dra_placeholder
+
+    log.warning("prepare is not available in this build: every claim will be refused")
+    return dra_placeholder.register
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    try:
+        settings = plugin_settings.build_settings(vars(args), os.environ)
+    except plugin_settings.SettingsError as err:
+        print(f"dra-gpu kubelet-plugin: {err}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return serve(settings, stop)
+
+
+def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
+    from dra_gpu.plugin import apierrors, inventory, kubeapi, node_plugin, sockets
+
+    try:
+        devices = inventory.discover(
+            inventory.backend_for(simulate=settings.simulate, node_name=settings.node_name)
+        )
+        client = kubeapi.connect(settings.kubeconfig)
+    except (inventory.InventoryError, apierrors.ApiError) as err:
+        log.error("cannot start: %s", err)
+        return 1
+    store = kubeapi.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
+    plugin = node_plugin.NodePlugin(
+        settings, store=store, devices=devices, register_dra=dra_registrar(settings)
+    )
+    log.info(
+        "starting: node %s, driver %s, %d devices%s",
+        settings.node_name,
+        settings.driver_name,
+        len(devices),
+        f", rolling-update instance {settings.pod_uid}" if settings.rolling_update else "",
+    )
+    try:
+        plugin.start()
+        watched = inventory.profile_file(settings.simulate)
+        if watched is not None:
+            inventory.FileWatcher(
+                path=watched, node_name=settings.node_name, listener=plugin.set_devices
+            ).start(plugin.stop_event)
+        while not stop.wait(0.5):
+            pass
+    except (sockets.SocketError, OSError) as err:
+        log.error("cannot serve: %s", err)
+        return 1
+    finally:
+        plugin.stop()
+    return 0

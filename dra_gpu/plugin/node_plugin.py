@@ -1,0 +1,162 @@
+"""Lifecycle of the kubelet plugin: what starts in which order, and how it stops.
+
+Start order (each step needs the one before):
+1. Publisher (its API round trips overlap with the rest of start-up).
+2. DRA server on the DRA socket: DRAPlugin v1 + v1beta1 (calls serialized by the node-wide
+   file lock), DRAResourceHealth v1 + v1alpha1, grpc.health.v1.
+3. Registration server on the registry socket. It must come last: the kubelet connects to the
+   DRA endpoint as soon as registration succeeds.
+4. HTTP /healthz, when a port is configured.
+
+Stop order is the reverse for the sockets: the registration socket goes first, so the kubelet
+deregisters this instance (and, in a rolling update, switches to the other) before the DRA
+socket closes; in-flight DRA calls get a grace period. Slices are left in place: another
+instance or the next start takes them over, and the kubelet removes them when no instance of
+the driver is left for 30 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from dra_gpu import slices
+from dra_gpu.devices.model import Device
+from dra_gpu.pb import pluginregistration_v1_pb2_grpc
+from dra_gpu.plugin import (
+    call_lock,
+    device_health,
+    grpc_health,
+    healthz,
+    publisher,
+    registration,
+    sockets,
+)
+from dra_gpu.plugin.settings import Settings, socket_paths
+
+log = logging.getLogger(__name__)
+
+DraRegistrar = Callable[[grpc.Server], None]
+DRA_GRACE_S = 10.0
+
+
+def renderer(settings: Settings, devices: Sequence[Device]) -> publisher.Renderer:
+    frozen = tuple(devices)
+
+    def render(node_uid: str) -> list[publisher.JSON]:
+        return slices.build_resource_slices(
+            devices=frozen,
+            driver_name=settings.driver_name,
+            node_name=settings.node_name,
+            pool_generation=0,
+            node_owner=(settings.node_name, node_uid),
+        )
+
+    return render
+
+
+class NodePlugin:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        store: publisher.SliceStore,
+        devices: Sequence[Device],
+        register_dra: DraRegistrar,
+    ) -> None:
+        self._settings = settings
+        self._paths = socket_paths(settings)
+        self._register_dra = register_dra
+        self._stop = threading.Event()
+        self.health = device_health.HealthFeed(pool=settings.node_name)
+        self.health.set_devices([d.name for d in devices])
+        self.publisher = publisher.Publisher(
+            store=store,
+            node=settings.node_name,
+            driver=settings.driver_name,
+            render=renderer(settings, devices),
+        )
+        self._dra_server: grpc.Server | None = None
+        self._reg_server: grpc.Server | None = None
+        self._healthz: healthz.HealthzServer | None = None
+        self._serving = False
+
+    @property
+    def stop_event(self) -> threading.Event:
+        return self._stop
+
+    def set_devices(self, devices: Sequence[Device]) -> None:
+        """A new inventory: publish it and report its devices' health."""
+        self.publisher.set_inventory(renderer(self._settings, devices))
+        self.health.set_devices([d.name for d in devices])
+
+    def problem(self) -> str | None:
+        """Why the plugin is not healthy, or None (for /healthz and grpc health)."""
+        if not self._serving:
+            return "gRPC servers are not serving"
+        if not self.publisher.synced:
+            return "ResourceSlices not published yet"
+        return None
+
+    def start(self) -> None:
+        self.publisher.start(self._stop)
+        self._settings.plugin_data_dir.mkdir(parents=True, exist_ok=True)
+        self._dra_server = self._start_dra_server()
+        self._reg_server = self._start_registration_server()
+        self._serving = True
+        if self._settings.healthz_port is not None:
+            self._healthz = healthz.HealthzServer(
+                address=self._settings.healthz_address,
+                port=self._settings.healthz_port,
+                check=self.problem,
+            )
+            self._healthz.start()
+
+    def _serve(self, server: grpc.Server, path: Path) -> None:
+        temporary = sockets.listen_private(path, server.add_insecure_port)
+        server.start()
+        sockets.publish(temporary, path)
+        log.info("listening on %s", path)
+
+    def _start_dra_server(self) -> grpc.Server:
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"),
+            interceptors=[call_lock.SerializeDraCalls(self._paths.lock)],
+        )
+        self._register_dra(server)
+        device_health.add_to_server(server, self.health)
+        server.add_generic_rpc_handlers((grpc_health.handler(lambda: self.problem() is None),))
+        self._serve(server, self._paths.dra)
+        return server
+
+    def _start_registration_server(self) -> grpc.Server:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
+        pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(
+            registration.RegistrationServicer(
+                driver_name=self._settings.driver_name, dra_endpoint=self._paths.dra
+            ),
+            server,
+        )
+        server.add_generic_rpc_handlers((grpc_health.handler(lambda: self.problem() is None),))
+        self._serve(server, self._paths.registration)
+        return server
+
+    def stop(self) -> None:
+        """Remove our sockets and stop serving; safe to call more than once."""
+        self._serving = False
+        sockets.remove(self._paths.registration)
+        if self._reg_server is not None:
+            self._reg_server.stop(grace=1.0).wait()
+        self.health.close()
+        if self._dra_server is not None:
+            self._dra_server.stop(grace=DRA_GRACE_S).wait()
+        sockets.remove(self._paths.dra)
+        self._stop.set()
+        if self._healthz is not None:
+            self._healthz.stop()
+        log.info("stopped; sockets removed")

@@ -1,0 +1,60 @@
+"""The kubelet plugin registration service (``pluginregistration.Registration``).
+
+The kubelet finds the registration socket in its registry directory, calls ``GetInfo`` and
+picks the first of ``supported_versions`` that it knows, so ``v1.DRAPlugin`` comes first and
+``v1beta1.DRAPlugin`` second (kubelets 1.32/1.33). The health service versions are listed too:
+the kubelet looks for them in the same list to decide whether to open a health stream.
+
+A refused registration (``plugin_registered`` false) means no pod on this node can get our
+devices, so it is logged as an ERROR with the kubelet's reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import grpc
+
+from dra_gpu.pb import pluginregistration_v1_pb2 as pb
+from dra_gpu.pb import pluginregistration_v1_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+DRA_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+SUPPORTED_VERSIONS = DRA_VERSIONS + HEALTH_VERSIONS
+
+
+class RegistrationServicer(pb_grpc.RegistrationServicer):
+    def __init__(self, *, driver_name: str, dra_endpoint: Path) -> None:
+        if not dra_endpoint.is_absolute():
+            raise ValueError(f"the DRA endpoint must be an absolute path, got {dra_endpoint}")
+        self._info = pb.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=driver_name,
+            endpoint=str(dra_endpoint),
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+        self.registered = threading.Event()
+
+    def GetInfo(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.PluginInfo:
+        log.debug("kubelet asked for plugin info")
+        return self._info
+
+    def NotifyRegistrationStatus(
+        self, request: pb.RegistrationStatus, context: grpc.ServicerContext
+    ) -> pb.RegistrationStatusResponse:
+        if request.plugin_registered:
+            log.info("registered with the kubelet as %s", self._info.name)
+            self.registered.set()
+        else:
+            log.error(
+                "the kubelet REFUSED to register plugin %s: %s",
+                self._info.name,
+                request.error or "(no reason given)",
+            )
+            self.registered.clear()
+        return pb.RegistrationStatusResponse()

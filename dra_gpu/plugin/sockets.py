@@ -1,0 +1,83 @@
+"""Unix sockets that appear only when they are owner-only and listening.
+
+The kubelet watches the registry directory with inotify and connects as soon as a socket shows
+up, so a socket must never be visible under its real name before it has its final permissions.
+A socket is therefore bound inside a fresh private directory (mode 0700, a dot name the
+kubelet ignores) next to its final place, chmod-ed to 0600, and then renamed into place: the
+rename is atomic and stays on one file system, since the directory sits beside the target.
+
+No grpc here: callers pass ``bind``, a function that makes their server listen on an address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOCKET_MODE = 0o600
+
+
+class SocketError(OSError):
+    """A socket could not be created or placed; the message names the path."""
+
+
+def prepare_dir(path: Path) -> None:
+    """Create a socket directory (0750 when new)."""
+    try:
+        path.mkdir(mode=0o750, parents=True, exist_ok=True)
+    except OSError as err:
+        raise SocketError(f"cannot create socket directory {path}: {err}") from err
+
+
+def remove_stale(path: Path) -> None:
+    """Remove a socket left behind at ``path`` by an earlier instance with the same name."""
+    with contextlib.suppress(FileNotFoundError):
+        if path.is_socket():
+            path.unlink()
+            log.info("removed stale socket %s", path)
+        elif path.exists():
+            raise SocketError(f"{path} exists and is not a socket; refusing to replace it")
+
+
+def listen_private(final: Path, bind: Callable[[str], object]) -> Path:
+    """Bind a socket for ``final`` in a private directory; returns where it listens now.
+
+    Call ``publish`` once the server is started to move it to ``final``.
+    """
+    prepare_dir(final.parent)
+    for stale in final.parent.glob(f".{final.name}.*"):
+        # Left by an instance of the same name that died between bind and publish.
+        shutil.rmtree(stale, ignore_errors=True)
+    private = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    temporary = private / "s"
+    try:
+        bind(f"unix:{temporary}")
+        os.chmod(temporary, SOCKET_MODE)
+    except Exception as err:
+        shutil.rmtree(private, ignore_errors=True)
+        raise SocketError(f"cannot listen on {final}: {err}") from err
+    return temporary
+
+
+def publish(temporary: Path, final: Path) -> None:
+    """Move a listening socket to its final name (atomic) and drop its private directory."""
+    remove_stale(final)
+    try:
+        os.replace(temporary, final)
+    except OSError as err:
+        raise SocketError(f"cannot move socket to {final}: {err}") from err
+    finally:
+        shutil.rmtree(temporary.parent, ignore_errors=True)
+
+
+def remove(path: Path) -> None:
+    """Remove our socket; a missing one is fine (shutdown may run twice)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()

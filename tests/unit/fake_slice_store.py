@@ -1,0 +1,111 @@
+"""An in-memory ``publisher.SliceStore`` that behaves like the API server where it matters."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from dra_gpu.plugin import apierrors
+
+JSON = dict[str, Any]
+
+
+class FakeSliceStore:
+    def __init__(self, *, node_uid: str = "node-uid-1") -> None:
+        self.slices: dict[str, JSON] = {}
+        self.down = False  # True: every call fails as if the API server were stopped
+        self.node_missing = False
+        self.node_lookups = 0
+        self.writes = 0
+        self._node_uid = node_uid
+        self._rv = itertools.count(1)
+        self._uid = itertools.count(1)
+        self._lock = threading.Lock()
+        self._watchers: list[queue.SimpleQueue[str]] = []
+
+    def _check(self) -> None:
+        if self.down:
+            raise apierrors.ApiUnavailable("connection refused")
+
+    def _notify(self, kind: str) -> None:
+        for q in self._watchers:
+            q.put(kind)
+
+    def node_uid(self) -> str:
+        self._check()
+        self.node_lookups += 1
+        if self.node_missing:
+            raise apierrors.NotFound("nodes not found", status=404)
+        return self._node_uid
+
+    def list_slices(self) -> list[JSON]:
+        self._check()
+        with self._lock:
+            return copy.deepcopy(list(self.slices.values()))
+
+    def create_slice(self, body: JSON) -> None:
+        self._check()
+        with self._lock:
+            name = body["metadata"]["name"]
+            if name in self.slices:
+                raise apierrors.Conflict("already exists", status=409)
+            stored = copy.deepcopy(body)
+            stored["metadata"].update(
+                uid=f"uid-{next(self._uid)}", resourceVersion=str(next(self._rv))
+            )
+            self.slices[name] = stored
+            self.writes += 1
+        self._notify("ADDED")
+
+    def update_slice(self, body: JSON) -> None:
+        self._check()
+        with self._lock:
+            name = body["metadata"]["name"]
+            have = self.slices.get(name)
+            if have is None:
+                raise apierrors.NotFound("not found", status=404)
+            if have["metadata"]["resourceVersion"] != body["metadata"].get("resourceVersion"):
+                raise apierrors.Conflict("stale resourceVersion", status=409)
+            stored = copy.deepcopy(body)
+            stored["metadata"].update(
+                uid=have["metadata"]["uid"], resourceVersion=str(next(self._rv))
+            )
+            self.slices[name] = stored
+            self.writes += 1
+        self._notify("MODIFIED")
+
+    def delete_slice(self, name: str, *, uid: str) -> None:
+        self._check()
+        with self._lock:
+            have = self.slices.get(name)
+            if have is None:
+                raise apierrors.NotFound("not found", status=404)
+            if have["metadata"]["uid"] != uid:
+                raise apierrors.Conflict("precondition failed", status=409)
+            del self.slices[name]
+            self.writes += 1
+        self._notify("DELETED")
+
+    def delete_by_someone_else(self, name: str) -> None:
+        with self._lock:
+            del self.slices[name]
+        self._notify("DELETED")
+
+    def watch_slices(self, stop: threading.Event) -> Iterator[str]:
+        self._check()
+        events: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._watchers.append(events)
+        try:
+            while not stop.is_set():
+                if self.down:
+                    return  # the stream ends when the API server goes away
+                try:
+                    yield events.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+        finally:
+            self._watchers.remove(events)

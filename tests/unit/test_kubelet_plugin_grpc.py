@@ -1,0 +1,255 @@
+"""The plugin's gRPC side over real unix sockets, with an in-memory API behind the publisher.
+
+Cases: GetInfo names the DRA socket and the versions, v1 first; the DRA endpoint it names
+answers (both versions, zero claims); sockets are owner-only and no private directory is left;
+the device health stream (both versions) lists every device HEALTHY; grpc.health.v1 answers;
+a refused registration is logged as an error; DRA calls wait for the node-wide lock; stop
+removes the sockets; two rolling-update instances serve side by side; the grpc health message
+codec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from fake_slice_store import FakeSliceStore
+
+from dra_gpu.pb import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
+from dra_gpu.plugin import call_lock, dra_placeholder, grpc_health, inventory, node_plugin
+from dra_gpu.plugin import settings as plugin_settings
+
+NODE = "node-a"
+TIMEOUT_S = 10  # bounds a broken server only
+
+
+def make_settings(root: Path, *extra: str) -> plugin_settings.Settings:
+    parser = argparse.ArgumentParser()
+    plugin_settings.add_arguments(parser)
+    argv = [
+        "--node-name",
+        NODE,
+        "--plugin-registry-dir",
+        str(root / "registry"),
+        "--plugin-data-dir",
+        str(root / "data"),
+        "--cdi-root",
+        str(root / "cdi"),
+        *extra,
+    ]
+    return plugin_settings.build_settings(vars(parser.parse_args(argv)), {})
+
+
+@pytest.fixture
+def short_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Unix socket paths are limited to 107 bytes; pytest's tmp paths can get long.
+    return Path(tmp_path_factory.mktemp("kp", numbered=True))
+
+
+@pytest.fixture
+def start_plugin(short_root: Path) -> Iterator[Callable[..., node_plugin.NodePlugin]]:
+    started: list[node_plugin.NodePlugin] = []
+    devices = inventory.discover(inventory.backend_for(simulate="h200x8", node_name=NODE))
+
+    def start(*extra: str) -> node_plugin.NodePlugin:
+        plugin = node_plugin.NodePlugin(
+            make_settings(short_root, *extra),
+            store=FakeSliceStore(),
+            devices=devices,
+            register_dra=dra_placeholder.register,
+        )
+        started.append(plugin)
+        plugin.start()
+        return plugin
+
+    yield start
+    for plugin in started:
+        plugin.stop()
+
+
+def channel(path: Path) -> grpc.Channel:
+    return grpc.insecure_channel(f"unix:{path}")
+
+
+def get_info(registration: Path) -> pluginregistration_v1_pb2.PluginInfo:
+    with channel(registration) as ch:
+        stub = pluginregistration_v1_pb2_grpc.RegistrationStub(ch)
+        return stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=TIMEOUT_S)
+
+
+def paths(root: Path, *extra: str) -> plugin_settings.SocketPaths:
+    return plugin_settings.socket_paths(make_settings(root, *extra))
+
+
+def test_get_info_names_the_dra_socket_and_versions(start_plugin: Any, short_root: Path) -> None:
+    start_plugin()
+    info = get_info(paths(short_root).registration)
+    assert info.type == "DRAPlugin"
+    assert info.name == "gpu.nvidia.com"
+    assert info.endpoint == str(short_root / "data" / "dra.sock")
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pb", "pb_grpc"),
+    [(dra_v1_pb2, dra_v1_pb2_grpc), (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)],
+    ids=["v1", "v1beta1"],
+)
+def test_dra_endpoint_from_get_info_answers(
+    start_plugin: Any, short_root: Path, pb: Any, pb_grpc: Any
+) -> None:
+    start_plugin()
+    endpoint = get_info(paths(short_root).registration).endpoint
+    with channel(Path(endpoint)) as ch:
+        stub = pb_grpc.DRAPluginStub(ch)
+        prepared = stub.NodePrepareResources(pb.NodePrepareResourcesRequest(), timeout=TIMEOUT_S)
+        unprepared = stub.NodeUnprepareResources(
+            pb.NodeUnprepareResourcesRequest(), timeout=TIMEOUT_S
+        )
+    assert dict(prepared.claims) == {} and dict(unprepared.claims) == {}
+
+
+def test_sockets_are_owner_only_and_no_private_dir_is_left(
+    start_plugin: Any, short_root: Path
+) -> None:
+    start_plugin()
+    p = paths(short_root)
+    for sock in (p.registration, p.dra):
+        mode = sock.stat().st_mode
+        assert stat.S_ISSOCK(mode)
+        assert stat.S_IMODE(mode) == 0o600
+    leftovers = [x.name for d in (p.registration.parent, p.dra.parent) for x in d.iterdir()]
+    assert not [name for name in leftovers if name.startswith(".")]
+
+
+@pytest.mark.parametrize(
+    ("pb", "pb_grpc"),
+    [(health_v1_pb2, health_v1_pb2_grpc), (health_v1alpha1_pb2, health_v1alpha1_pb2_grpc)],
+    ids=["v1", "v1alpha1"],
+)
+def test_health_stream_lists_every_device_healthy(
+    start_plugin: Any, short_root: Path, pb: Any, pb_grpc: Any
+) -> None:
+    start_plugin()
+    with channel(paths(short_root).dra) as ch:
+        stream = pb_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+            pb.NodeWatchResourcesRequest(), timeout=TIMEOUT_S
+        )
+        first = next(stream)
+        stream.cancel()
+    assert sorted(d.device.device_name for d in first.devices) == [f"gpu-{i}" for i in range(8)]
+    assert {d.device.pool_name for d in first.devices} == {NODE}
+    assert {d.health for d in first.devices} == {pb.HealthStatus.Value("HEALTHY")}
+
+
+def test_health_stream_sends_the_new_list_after_an_inventory_change(
+    start_plugin: Any, short_root: Path
+) -> None:
+    plugin = start_plugin()
+    devices = inventory.discover(inventory.backend_for(simulate="h100x8", node_name=NODE))
+    with channel(paths(short_root).dra) as ch:
+        stream = health_v1_pb2_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+            health_v1_pb2.NodeWatchResourcesRequest(), timeout=TIMEOUT_S
+        )
+        next(stream)
+        plugin.set_devices(devices[:3])
+        second = next(stream)
+        stream.cancel()
+    assert sorted(d.device.device_name for d in second.devices) == ["gpu-0", "gpu-1", "gpu-2"]
+
+
+def test_grpc_health_check_serves_once_published(start_plugin: Any, short_root: Path) -> None:
+    plugin = start_plugin()
+    assert plugin.publisher.wait_synced(TIMEOUT_S)
+    with channel(paths(short_root).registration) as ch:
+        check = ch.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda s: b"",
+            response_deserializer=lambda b: b,
+        )
+        assert check(None, timeout=TIMEOUT_S) == grpc_health.encode_status(grpc_health.SERVING)
+
+
+def test_refused_registration_is_logged_as_error(
+    start_plugin: Any, short_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    start_plugin()
+    with channel(paths(short_root).registration) as ch:
+        pluginregistration_v1_pb2_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
+            pluginregistration_v1_pb2.RegistrationStatus(
+                plugin_registered=False, error="version not supported"
+            ),
+            timeout=TIMEOUT_S,
+        )
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("REFUSED" in m and "version not supported" in m for m in errors)
+
+
+def test_dra_calls_wait_for_the_node_wide_lock(start_plugin: Any, short_root: Path) -> None:
+    start_plugin()
+    p = paths(short_root)
+    request = dra_v1_pb2.NodePrepareResourcesRequest()
+    with channel(p.dra) as ch:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+        with call_lock.held(p.lock), pytest.raises(grpc.RpcError) as blocked:
+            stub.NodePrepareResources(request, timeout=0.5)
+        assert blocked.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert stub.NodePrepareResources(request, timeout=TIMEOUT_S) is not None
+
+
+def test_stop_removes_both_sockets(start_plugin: Any, short_root: Path) -> None:
+    plugin = start_plugin()
+    p = paths(short_root)
+    assert p.registration.exists() and p.dra.exists()
+    plugin.stop()
+    assert not p.registration.exists() and not p.dra.exists()
+
+
+def test_two_rolling_update_instances_serve_side_by_side(
+    start_plugin: Any, short_root: Path
+) -> None:
+    start_plugin("--pod-uid", "uid-old")
+    start_plugin("--pod-uid", "uid-new")
+    for uid in ("uid-old", "uid-new"):
+        p = paths(short_root, "--pod-uid", uid)
+        assert p.registration.name == f"gpu.nvidia.com-{uid}-reg.sock"
+        assert get_info(p.registration).endpoint == str(p.dra)
+        with channel(p.dra) as ch:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+            stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=TIMEOUT_S)
+
+
+@pytest.mark.parametrize(
+    ("wire", "service"),
+    [
+        (b"", ""),
+        (b"\x0a\x03abc", "abc"),
+        (b"\x10\x05\x0a\x01x", "x"),  # an unknown varint field first
+        (b"\x0a\x7f", ""),  # length past the end: truncated, not an exception
+    ],
+    ids=["empty", "service", "skip-unknown", "truncated"],
+)
+def test_grpc_health_request_decoding(wire: bytes, service: str) -> None:
+    assert grpc_health.decode_service(wire) == service

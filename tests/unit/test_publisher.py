@@ -1,0 +1,157 @@
+"""The ResourceSlice publisher against an in-memory API (threads, no processes).
+
+Cases: first publish (owner reference, one pool, generation 1); a second pass writes nothing;
+a deleted slice comes back through the watch; a new inventory raises the generation and drops
+surplus slices; an API outage is survived and the pool repaired afterwards; a missing Node
+delays publishing without ending it; backoff grows and is capped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from fake_slice_store import FakeSliceStore
+
+from dra_gpu.plugin import publisher
+
+NODE = "node-a"
+DRIVER = "gpu.nvidia.com"
+WAIT_S = 20.0  # only bounds a broken test; passing runs take milliseconds
+
+
+def render_devices(*names: str, per_slice: int = 128) -> publisher.Renderer:
+    def render(node_uid: str) -> list[dict[str, Any]]:
+        chunks = [names[i : i + per_slice] for i in range(0, len(names), per_slice)] or [()]
+        return [
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {
+                    "ownerReferences": [
+                        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid}
+                    ]
+                },
+                "spec": {
+                    "driver": DRIVER,
+                    "nodeName": NODE,
+                    "pool": {"name": NODE, "generation": 0, "resourceSliceCount": len(chunks)},
+                    "devices": [{"name": n} for n in chunk],
+                },
+            }
+            for chunk in chunks
+        ]
+
+    return render
+
+
+def make(store: FakeSliceStore, render: publisher.Renderer) -> publisher.Publisher:
+    return publisher.Publisher(
+        store=store, node=NODE, driver=DRIVER, render=render, resync_s=3600, max_backoff_s=0.05
+    )
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    done = threading.Event()
+    deadline = threading.Timer(WAIT_S, done.set)
+    deadline.start()
+    try:
+        while not condition():
+            if done.wait(0.01):
+                pytest.fail("condition not reached")
+    finally:
+        deadline.cancel()
+
+
+def pool(store: FakeSliceStore) -> list[tuple[int, list[str]]]:
+    return sorted(
+        (s["spec"]["pool"]["generation"], [d["name"] for d in s["spec"]["devices"]])
+        for s in store.slices.values()
+    )
+
+
+@pytest.fixture
+def running() -> Iterator[Callable[[FakeSliceStore, publisher.Renderer], publisher.Publisher]]:
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def start(store: FakeSliceStore, render: publisher.Renderer) -> publisher.Publisher:
+        pub = make(store, render)
+        threads.extend(pub.start(stop))
+        return pub
+
+    yield start
+    stop.set()
+    for t in threads:
+        t.join(WAIT_S)
+
+
+def test_first_publish_owns_slices_by_the_node() -> None:
+    store = FakeSliceStore(node_uid="uid-n")
+    make(store, render_devices("gpu-0", "gpu-1")).reconcile_once()
+    (only,) = store.slices.values()
+    assert only["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+    assert only["metadata"]["ownerReferences"][0]["uid"] == "uid-n"
+
+
+def test_second_pass_writes_nothing() -> None:
+    store = FakeSliceStore()
+    pub = make(store, render_devices("gpu-0"))
+    pub.reconcile_once()
+    writes = store.writes
+    assert pub.reconcile_once().is_empty
+    assert store.writes == writes
+
+
+def test_deleted_slice_comes_back(running: Any) -> None:
+    store = FakeSliceStore()
+    pub = running(store, render_devices("gpu-0", "gpu-1"))
+    wait_until(lambda: pub.synced)
+    (name,) = store.slices
+    store.delete_by_someone_else(name)
+    wait_until(lambda: len(store.slices) == 1)
+    assert pool(store) == [(2, ["gpu-0", "gpu-1"])]
+
+
+def test_new_inventory_raises_generation_and_drops_surplus(running: Any) -> None:
+    store = FakeSliceStore()
+    pub = running(store, render_devices(*[f"gpu-{i}" for i in range(200)]))
+    wait_until(lambda: pub.synced and len(store.slices) == 2)
+    pub.set_inventory(render_devices("gpu-0", "gpu-1"))
+    wait_until(lambda: len(store.slices) == 1)
+    assert pool(store) == [(2, ["gpu-0", "gpu-1"])]
+
+
+def test_api_outage_is_survived_and_pool_repaired(running: Any) -> None:
+    store = FakeSliceStore()
+    pub = running(store, render_devices("gpu-0"))
+    wait_until(lambda: pub.synced)
+    store.down = True
+    store.slices.clear()  # e.g. the kubelet wiped them while we could not see it
+    wait_until(lambda: pub._outage)
+    store.down = False
+    wait_until(lambda: len(store.slices) == 1)
+    assert pool(store) == [(2, ["gpu-0"])]
+    assert pub.synced
+
+
+def test_missing_node_delays_publishing(running: Any) -> None:
+    store = FakeSliceStore()
+    store.node_missing = True
+    pub = running(store, render_devices("gpu-0"))
+    wait_until(lambda: store.node_lookups >= 3)
+    assert not pub.synced and not store.slices
+    store.node_missing = False
+    wait_until(lambda: pub.synced)
+    assert pool(store) == [(1, ["gpu-0"])]
+
+
+@pytest.mark.parametrize(
+    ("failures", "expected"),
+    [(1, 0.2), (2, 0.4), (3, 0.8), (10, 5.0), (100, 5.0)],
+    ids=["first", "second", "third", "capped", "huge"],
+)
+def test_backoff(failures: int, expected: float) -> None:
+    assert publisher.backoff_delay(failures) == pytest.approx(expected)
