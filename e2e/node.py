@@ -23,16 +23,15 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
-from e2e import binaries, images, node_cleanup
+from e2e import binaries, images, node_cleanup, procs
 from e2e.node_binaries import NodeBinaries, ensure_node_binaries
 from e2e.node_config import (
     KubeletPorts,
@@ -87,7 +86,6 @@ class Node:
         self.log = log
         self.ports = KubeletPorts(server=free_port(), healthz=free_port())
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._logfiles: list[IO[bytes]] = []
         self._bins: NodeBinaries | None = None
         self._up = False
 
@@ -135,8 +133,6 @@ class Node:
         node_cleanup.remove_cgroup(self.cgroup_root)
         node_cleanup.unmount_under(self.paths.root)
         node_cleanup.delete_link(bridge_name(self.paths))
-        for f in self._logfiles:
-            f.close()
         if self._own_dir:
             shutil.rmtree(self.paths.root, ignore_errors=True)
 
@@ -174,16 +170,7 @@ class Node:
         self.cluster.write_kubeconfig(p.kubeconfig, *_cert_and_key(cert))
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        logfile = open(self.paths.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in down()
-        self._logfiles.append(logfile)
-        self._procs[name] = subprocess.Popen(
-            argv,
-            stdout=logfile,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-        )
+        self._procs[name] = procs.spawn(argv, log_path=self.log_path(name), env=env)
 
     def _start_containerd(self) -> None:
         path = f"{self.bins.containerd_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
@@ -248,16 +235,8 @@ class Node:
 
     def _stop(self, name: str, *, grace: float = 10.0) -> None:
         proc = self._procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc is not None:
+            procs.stop(proc, grace_s=grace)
 
     def _kill_all_containers(self) -> None:
         """SIGKILL every task and delete every container, so containerd unmounts their roots."""

@@ -1,0 +1,205 @@
+"""The scenario catalog: one entry per folder of ``e2e/scenarios/``, with its own checks.
+
+The suite expects the driver's simulated profiles on the cluster's nodes: at least one node with
+``h200x8`` (8 full H200 GPUs) and one with ``a100x4-mig`` (A100 40GB with pre-created MIG devices),
+which is what the local harness and ``e2e/kind/`` set up. Every check reads device facts from the
+ResourceSlices (never from what the container printed), so a container cannot vouch for itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from e2e.suite import views
+from e2e.suite.runner import Check, Context, Run, Scenario
+
+DRIVER = views.DRIVER
+
+
+def device_facts(ctx: Context, pool: str, device: str) -> Mapping[str, Any]:
+    """The published device (attributes, capacity) of ``pool``/``device``, from the slices."""
+    newest: dict[str, Any] = {}
+    generation = -1
+    for item in ctx.kube.slices():
+        spec = item["spec"]
+        if spec["driver"] != DRIVER or spec["pool"]["name"] != pool:
+            continue
+        for dev in spec.get("devices") or []:
+            if dev["name"] == device and spec["pool"]["generation"] > generation:
+                newest, generation = dev, spec["pool"]["generation"]
+    return newest
+
+
+def _attribute(facts: Mapping[str, Any], name: str) -> object:
+    value = (facts.get("attributes") or {}).get(name) or {}
+    return next(iter(value.values()), None) if value else None
+
+
+def _each_device(
+    ctx: Context, run: Run, judge: Callable[[str, Mapping[str, Any]], str | None]
+) -> list[str]:
+    problems = []
+    for container in run.containers:
+        for device in container.devices:
+            facts = device_facts(ctx, container.pools[device], device)
+            problem = judge(device, facts)
+            if problem:
+                problems.append(f"{container.pod}/{container.container}: {device} {problem}")
+    return problems
+
+
+def device_count(n: int) -> Check:
+    def check(ctx: Context, run: Run) -> list[str]:
+        return [
+            f"{c.pod}/{c.container} got {len(c.devices)} devices, wanted {n}"
+            for c in run.containers
+            if c.devices and len(set(c.devices)) != n
+        ]
+
+    return check
+
+
+def attribute_is(name: str, expected: object) -> Check:
+    def check(ctx: Context, run: Run) -> list[str]:
+        def judge(_: str, facts: Mapping[str, Any]) -> str | None:
+            got = _attribute(facts, name)
+            return None if got == expected else f"has {name}={got!r}, wanted {expected!r}"
+
+        return _each_device(ctx, run, judge)
+
+    return check
+
+
+def memory_at_least(minimum: int) -> Check:
+    def check(ctx: Context, run: Run) -> list[str]:
+        def judge(_: str, facts: Mapping[str, Any]) -> str | None:
+            raw = ((facts.get("capacity") or {}).get("memory") or {}).get("value", "0")
+            got = parse_quantity(str(raw))
+            return None if got >= minimum else f"has memory {raw}, wanted >= {minimum}"
+
+        return _each_device(ctx, run, judge)
+
+    return check
+
+
+def env_has(**expected: str) -> Check:
+    def check(ctx: Context, run: Run) -> list[str]:
+        problems = []
+        for c in run.containers:
+            if not c.devices:
+                continue
+            for key, value in expected.items():
+                if c.view.env.get(key) != value:
+                    problems.append(f"{c.pod}/{c.container}: {key}={c.view.env.get(key)!r}")
+        return problems
+
+    return check
+
+
+def one_device_shared(ctx: Context, run: Run) -> list[str]:
+    """Every container with a claim saw the same single device, all on one node."""
+    users = [c for c in run.containers if c.devices]
+    seen = {frozenset(c.view.device_names) for c in users}
+    nodes = {c.node for c in users}
+    problems = []
+    if len(users) < 2:
+        problems.append(f"expected at least two containers sharing the claim, got {len(users)}")
+    if len(seen) != 1 or len(next(iter(seen), frozenset())) != 1:
+        problems.append(f"containers saw different devices: {[sorted(s) for s in seen]}")
+    if len(nodes) != 1:
+        problems.append(f"sharing pods ran on several nodes: {sorted(nodes)}")
+    return problems
+
+
+def some_container_without_devices(ctx: Context, run: Run) -> list[str]:
+    bare = [c for c in run.containers if not c.devices]
+    if not bare:
+        return ["expected a container without a claim"]
+    return [
+        f"{c.pod}/{c.container} has no claim but saw {sorted(c.view.device_paths)}"
+        for c in bare
+        if c.view.device_paths
+    ]
+
+
+def parse_quantity(text: str) -> int:
+    """Integer value of a Kubernetes quantity (binary and decimal suffixes)."""
+    suffixes = {
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+        "Pi": 2**50,
+        "k": 10**3,
+        "M": 10**6,
+        "G": 10**9,
+        "T": 10**12,
+        "P": 10**15,
+    }
+    for suffix, factor in sorted(suffixes.items(), key=lambda kv: -len(kv[0])):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(float(text))
+
+
+GI = 2**30
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("one-gpu", "one GPU", checks=(device_count(1),)),
+    Scenario("two-gpus", "two GPUs in one claim", checks=(device_count(2),)),
+    Scenario(
+        "gpu-by-product",
+        "a GPU by product name",
+        checks=(device_count(1), attribute_is("productName", "NVIDIA H200")),
+    ),
+    Scenario(
+        "gpu-by-memory",
+        "a GPU with at least 100Gi (CEL capacity selector)",
+        checks=(device_count(1), memory_at_least(100 * GI)),
+    ),
+    Scenario(
+        "mig-by-profile",
+        "a MIG device by profile",
+        checks=(
+            device_count(1),
+            attribute_is("type", "mig"),
+            attribute_is("profile", "3g.20gb"),
+            env_has(GPU_DEVICE_0_TYPE="mig", GPU_DEVICE_0_MIG_PROFILE="3g.20gb"),
+        ),
+    ),
+    Scenario(
+        "shared-by-containers",
+        "one claim shared by two containers of a pod",
+        checks=(one_device_shared, some_container_without_devices),
+    ),
+    Scenario("shared-by-pods", "one claim shared by two pods", checks=(one_device_shared,)),
+    Scenario(
+        "gpu-config",
+        "a claim with a GpuConfig (time-slicing)",
+        checks=(
+            env_has(
+                GPU_DEVICE_0_SHARING_STRATEGY="TimeSlicing", GPU_DEVICE_0_TIMESLICE_INTERVAL="Long"
+            ),
+        ),
+    ),
+    Scenario(
+        "unsatisfiable",
+        "an unsatisfiable request stays Pending with the scheduler's reason",
+        expect="pending",
+    ),
+    Scenario(
+        "invalid-config",
+        "an invalid GpuConfig fails to prepare, the pod says why",
+        expect="prepare-fails",
+        problem="mpsConfig",
+    ),
+    Scenario(
+        "all-gpus-reusable",
+        "deleting pods frees their devices for the next claim",
+        checks=(device_count(8),),
+        repeat=2,
+    ),
+)
+
+BY_NAME = {s.name: s for s in SCENARIOS}
