@@ -1,0 +1,404 @@
+"""The controller as real processes against the real API server, which calls its webhook over TLS.
+
+Two replicas (``ctl-a`` started first, so it leads; ``ctl-b`` follows), both serving the webhook
+with one self-signed CA from a shared cert dir. A ValidatingWebhookConfiguration limited to this
+module's namespace points the API server at ``ctl-a``'s port on 127.0.0.1, failurePolicy Fail.
+
+Cases:
+- A claim with an invalid GpuConfig is refused with the field named; a valid one is created; a
+  template with an invalid config is refused; a misspelled selector attribute is created with a
+  warning suggesting the published name.
+- The built-in DeviceClasses are restored after deletion and after an edit; a class the
+  controller does not own is never touched; the classes file's classes appear, and follow edits
+  of the file (added, removed).
+- Only the Lease holder acts; after SIGTERM the other replica takes the Lease and acts, and its
+  own webhook serves the same answers.
+
+Teardown removes the webhook configuration, stops both processes, and puts DeviceClasses back
+as they were before this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import ssl
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from dra_gpu.controller import classes, kube, registration
+from e2e import procs
+from e2e.cluster import Cluster
+
+NS = "dra-gpu-controller-test"
+LEASE = "dra-gpu-controller-test"
+WEBHOOK_CONFIG = "dra-gpu-controller-test"
+CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
+CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
+TEMPLATES = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates"
+LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{LEASE}"
+WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+DENIED = f'admission webhook "{registration.WEBHOOK_NAME}" denied the request'
+
+CLASSES_FILE = """
+classes:
+  - name: h200.nvidia.com
+    productName: NVIDIA H200
+  - name: big.nvidia.com
+    minMemory: 80Gi
+"""
+CLASSES_FILE_EDITED = """
+classes:
+  - name: h200.nvidia.com
+    productName: NVIDIA H200
+  - name: small-mig.nvidia.com
+    deviceType: mig
+    selectors: ["device.attributes['gpu.nvidia.com'].profile == '1g.18gb'"]
+"""
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], *, what: str, timeout: float = 60.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except kube.ApiError:
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+@dataclass
+class Replica:
+    identity: str
+    port: int
+    log_path: Path
+    proc: Any  # subprocess.Popen[bytes]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def actions(self) -> list[str]:
+        """The DeviceClass writes this replica logged."""
+        marks = (" created: ", " updated: ", " deleted: ")
+        return [
+            ln
+            for ln in self.log().splitlines()
+            if "DeviceClass " in ln and any(m in ln for m in marks)
+        ]
+
+
+@dataclass
+class Setup:
+    client: kube.Kube
+    a: Replica
+    b: Replica
+    ca: Path
+    classes_file: Path
+
+
+def start_replica(
+    cluster: Cluster, workdir: Path, identity: str, port: int, classes_file: Path
+) -> Replica:
+    log_path = workdir / f"{identity}.log"
+    argv = [
+        *(sys.executable, "-m", "dra_gpu", "controller"),
+        *("--kubeconfig", str(cluster.kubeconfig), "--config", str(classes_file)),
+        *("--webhook-port", str(port), "--webhook-address", "127.0.0.1"),
+        *("--cert-dir", str(workdir / "certs")),
+        *("--lease-namespace", NS, "--lease-name", LEASE, "--identity", identity),
+        *("--resync-period", "10"),
+    ]
+    proc = procs.spawn(argv, log_path=log_path, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return Replica(identity, port, log_path, proc)
+
+
+def healthy(replica: Replica, ca: Path) -> bool:
+    if not ca.exists():
+        return False
+    ctx = ssl.create_default_context(cafile=str(ca))
+    try:
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{replica.port}/healthz", context=ctx, timeout=2
+        ) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def lease_holder(client: kube.Kube) -> str:
+    return str(client.request("GET", LEASE_PATH)["spec"].get("holderIdentity") or "")
+
+
+def gpu_config(**sharing: Any) -> dict[str, Any]:
+    params: dict[str, Any] = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+    if sharing:
+        params["sharing"] = sharing
+    return params
+
+
+def claim(
+    name: str, *, params: dict[str, Any] | None = None, selectors: list[str] | None = None
+) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if params is not None:
+        devices["config"] = [
+            {"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": params}}
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": devices},
+    }
+
+
+def register_webhook(client: kube.Kube, port: int, ca: Path) -> None:
+    config = registration.validating_webhook_configuration(
+        WEBHOOK_CONFIG,
+        registration.client_config_url(
+            f"https://127.0.0.1:{port}/validate", ca_bundle_pem=ca.read_bytes()
+        ),
+        namespaces=[NS],
+    )
+    try:
+        existing = client.request("GET", f"{WEBHOOKS}/{WEBHOOK_CONFIG}")
+        config["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+        client.request("PUT", f"{WEBHOOKS}/{WEBHOOK_CONFIG}", body=config)
+    except kube.NotFound:
+        client.request("POST", WEBHOOKS, body=config)
+
+
+def webhook_answers_from(client: kube.Kube, port: int) -> bool:
+    """True once a dry-run of a bad claim is refused by the webhook now configured."""
+    bad = claim("probe", params=gpu_config(strategy="Sometimes"))
+    try:
+        client.call("POST", CLAIMS, query={"dryRun": "All"}, body=bad)
+    except kube.ApiError as exc:
+        return DENIED in exc.message
+    return False
+
+
+def restore_classes(client: kube.Kube, before: list[dict[str, Any]]) -> None:
+    for obj in client.request("GET", CLASSES).get("items") or []:
+        if classes.is_owned(obj):
+            client.request("DELETE", f"{CLASSES}/{obj['metadata']['name']}")
+    for obj in before:
+        meta = {
+            k: obj["metadata"][k] for k in ("name", "labels", "annotations") if k in obj["metadata"]
+        }
+        with contextlib.suppress(kube.Conflict):
+            client.request("POST", CLASSES, body={**obj, "metadata": meta})
+
+
+@pytest.fixture(scope="module")
+def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    workdir = tmp_path_factory.mktemp("controller")
+    client = kube.Kube(cluster.api_client())
+    cluster.create_namespace(NS)
+    before = client.request("GET", CLASSES).get("items") or []
+    for obj in before:  # someone else's built-in classes would be left alone: move them away
+        if obj["metadata"]["name"] in classes.BUILTIN_NAMES and not classes.is_owned(obj):
+            client.request("DELETE", f"{CLASSES}/{obj['metadata']['name']}")
+    classes_file = workdir / "classes.yaml"
+    classes_file.write_text(CLASSES_FILE)
+    port_a, port_b = procs.free_ports(2)
+    ca = workdir / "certs" / "ca.crt"
+    a = start_replica(cluster, workdir, "ctl-a", port_a, classes_file)
+    replicas = [a]
+    try:
+        wait_for(lambda: healthy(a, ca), what="ctl-a's webhook")
+        wait_for(lambda: lease_holder(client) == "ctl-a", what="ctl-a to hold the lease")
+        b = start_replica(cluster, workdir, "ctl-b", port_b, classes_file)
+        replicas.append(b)
+        wait_for(lambda: healthy(b, ca), what="ctl-b's webhook")
+        register_webhook(client, port_a, ca)
+        wait_for(lambda: webhook_answers_from(client, port_a), what="the webhook to be in effect")
+        yield Setup(client, a, b, ca, classes_file)
+    finally:
+        try:
+            with contextlib.suppress(kube.NotFound):
+                client.request("DELETE", f"{WEBHOOKS}/{WEBHOOK_CONFIG}")
+        finally:
+            procs.stop_many([r.proc for r in replicas], grace_s=10)
+            restore_classes(client, before)
+            client.api_client.close()
+
+
+def get_class(client: kube.Kube, name: str) -> dict[str, Any] | None:
+    try:
+        return client.request("GET", f"{CLASSES}/{name}")
+    except kube.NotFound:
+        return None
+
+
+def builtin_spec(name: str) -> dict[str, Any]:
+    (want,) = [d for d in classes.builtin_classes(extended_resource_name=None) if d.name == name]
+    return dict(want.spec)
+
+
+# ----- admission -----------------------------------------------------------------------------
+
+
+def test_invalid_gpu_config_is_refused_naming_the_field(setup: Setup) -> None:
+    bad = claim("bad-strategy", params=gpu_config(strategy="Sometimes"))
+    with pytest.raises(kube.ApiError) as refused:
+        setup.client.call("POST", CLAIMS, body=bad)
+    assert DENIED in refused.value.message
+    assert "spec.devices.config[0].opaque.parameters.sharing.strategy" in refused.value.message
+    with pytest.raises(kube.NotFound):
+        setup.client.request("GET", f"{CLAIMS}/bad-strategy")
+
+
+def test_unknown_field_is_refused(setup: Setup) -> None:
+    bad = claim("bad-field", params={**gpu_config(), "sharng": {"strategy": "MPS"}})
+    with pytest.raises(kube.ApiError) as refused:
+        setup.client.call("POST", CLAIMS, body=bad)
+    assert "spec.devices.config[0].opaque.parameters.sharng: unknown field" in refused.value.message
+
+
+def test_valid_claim_is_created_without_warnings(setup: Setup) -> None:
+    good = claim(
+        "good", params=gpu_config(strategy="TimeSlicing", timeSlicingConfig={"interval": "Long"})
+    )
+    reply = setup.client.call("POST", CLAIMS, body=good)
+    assert reply.body["metadata"]["name"] == "good"
+    assert reply.warnings == ()
+
+
+def test_template_with_invalid_config_is_refused(setup: Setup) -> None:
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "bad-template", "namespace": NS},
+        "spec": {"spec": claim("x", params={**gpu_config(), "kind": "TpuConfig"})["spec"]},
+    }
+    with pytest.raises(kube.ApiError) as refused:
+        setup.client.call("POST", TEMPLATES, body=template)
+    assert "spec.spec.devices.config[0].opaque.parameters.kind" in refused.value.message
+
+
+def test_misspelled_selector_is_created_with_a_warning(setup: Setup) -> None:
+    typo = claim("typo", selectors=["device.attributes['gpu.nvidia.com'].productname == 'X'"])
+    reply = setup.client.call("POST", CLAIMS, body=typo)
+    assert reply.body["metadata"]["name"] == "typo"
+    assert any(
+        "spec.devices.requests[0].exactly.selectors[0]" in w and "'productName'" in w
+        for w in reply.warnings
+    ), reply.warnings
+
+
+# ----- DeviceClasses ------------------------------------------------------------------------
+
+
+def test_builtin_classes_exist_with_label(setup: Setup) -> None:
+    for name in classes.BUILTIN_NAMES:
+        obj = wait_for(lambda n=name: get_class(setup.client, n), what=name)  # type: ignore[misc]
+        assert classes.is_owned(obj)
+        assert obj["spec"]["selectors"] == builtin_spec(name)["selectors"]
+
+
+def test_deleted_class_is_restored(setup: Setup) -> None:
+    old_uid = wait_for(lambda: get_class(setup.client, "gpu.nvidia.com"), what="class")["metadata"][
+        "uid"
+    ]
+    setup.client.request("DELETE", f"{CLASSES}/gpu.nvidia.com")
+    back = wait_for(
+        lambda: (
+            (o := get_class(setup.client, "gpu.nvidia.com"))
+            and o["metadata"]["uid"] != old_uid
+            and o
+        ),
+        what="gpu.nvidia.com to be recreated",
+    )
+    assert back["spec"]["selectors"] == builtin_spec("gpu.nvidia.com")["selectors"]
+
+
+def test_edited_class_is_restored(setup: Setup) -> None:
+    obj = wait_for(lambda: get_class(setup.client, "mig.nvidia.com"), what="class")
+    obj["spec"]["selectors"] = [{"cel": {"expression": "true"}}]
+    setup.client.request("PUT", f"{CLASSES}/mig.nvidia.com", body=obj)
+    wait_for(
+        lambda: (
+            (o := get_class(setup.client, "mig.nvidia.com"))
+            and o["spec"]["selectors"] == builtin_spec("mig.nvidia.com")["selectors"]
+        ),
+        what="mig.nvidia.com's selectors to be restored",
+    )
+
+
+def expressions(obj: dict[str, Any]) -> list[str]:
+    return [s["cel"]["expression"] for s in obj["spec"]["selectors"]]
+
+
+def test_classes_file_is_applied_and_followed(setup: Setup) -> None:
+    foreign = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "someone-else.example.com"},
+        "spec": {"selectors": [{"cel": {"expression": "true"}}]},
+    }
+    foreign_rv = setup.client.request("POST", CLASSES, body=foreign)["metadata"]["resourceVersion"]
+    h200 = wait_for(lambda: get_class(setup.client, "h200.nvidia.com"), what="h200 class")
+    assert expressions(h200) == [
+        classes.type_selector("gpu"),
+        "device.attributes['gpu.nvidia.com'].productName == \"NVIDIA H200\"",
+    ]
+    big = wait_for(lambda: get_class(setup.client, "big.nvidia.com"), what="big class")
+    assert 'quantity("80Gi")' in expressions(big)[1]
+
+    setup.classes_file.write_text(CLASSES_FILE_EDITED)
+    wait_for(lambda: get_class(setup.client, "small-mig.nvidia.com"), what="the added class")
+    wait_for(lambda: get_class(setup.client, "big.nvidia.com") is None, what="removal of big")
+    still = get_class(setup.client, "someone-else.example.com")
+    assert still is not None and still["metadata"]["resourceVersion"] == foreign_rv
+    setup.client.request("DELETE", f"{CLASSES}/someone-else.example.com")
+
+
+# ----- leader election (last: it stops ctl-a) ---------------------------------------------
+
+
+def recreate_and_wait(client: kube.Kube, name: str) -> None:
+    client.request("DELETE", f"{CLASSES}/{name}")
+    wait_for(lambda: get_class(client, name), what=f"{name} to be recreated")
+
+
+def test_only_the_leader_acts_and_the_other_takes_over(setup: Setup) -> None:
+    client = setup.client
+    assert lease_holder(client) == "ctl-a"
+    transitions = client.request("GET", LEASE_PATH)["spec"].get("leaseTransitions", 0)
+    recreate_and_wait(client, "mig.nvidia.com")
+    assert any("DeviceClass mig.nvidia.com created" in a for a in setup.a.actions())
+    assert setup.b.actions() == []
+
+    procs.stop(setup.a.proc, grace_s=10)
+    assert setup.a.proc.returncode == 0, setup.a.log()[-2000:]
+    assert "released the lease" in setup.a.log()
+    wait_for(lambda: lease_holder(client) == "ctl-b", what="ctl-b to take the lease")
+    assert client.request("GET", LEASE_PATH)["spec"]["leaseTransitions"] == transitions + 1
+    recreate_and_wait(client, "mig.nvidia.com")
+    # Its takeover pass found every other class as it wants it: no rewrites, one recreation.
+    (action,) = setup.b.actions()
+    assert "DeviceClass mig.nvidia.com created" in action
+
+    # Every replica serves the webhook: point the API server at ctl-b's.
+    register_webhook(client, setup.b.port, setup.ca)
+    wait_for(lambda: webhook_answers_from(client, setup.b.port), what="ctl-b's webhook")
+    with pytest.raises(kube.ApiError) as refused:
+        client.call("POST", CLAIMS, body=claim("after", params=gpu_config(strategy="Nope")))
+    assert DENIED in refused.value.message
