@@ -240,3 +240,12 @@ def test_bad_profile_file_names_the_problem(tmp_path: Path, content: str, messag
 def test_unknown_profile_lists_builtins() -> None:
     with pytest.raises(ProfileError, match=r"built-in: a100x4-mig, h100x8, h200x8"):
         simulated.resolve_profile("h300x8")
+
+
+def test_docs_list_every_builtin_profile_and_product() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "simulated-profiles.md").read_text()
+    for name in [*simulated.BUILTIN_PROFILES, *simulated.PRODUCTS]:
+        assert f"`{name}`" in doc, name
+    for table in migprofiles.TABLES.values():
+        for p in table.profiles:
+            assert f"`{p.name}` ({p.gi_profile_id})" in doc, (table.key, p.name)
