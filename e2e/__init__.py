@@ -1,0 +1,5 @@
+"""End-to-end harness: Kubernetes binaries built from source and a local control plane.
+
+Nothing here is imported by the driver itself (``dra_gpu``); this package only exists so that tests,
+benchmarks and the demo can run the real Kubernetes components as plain processes on loopback.
+"""

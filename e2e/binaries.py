@@ -1,0 +1,367 @@
+"""Kubernetes and etcd binaries, built from the Go module proxy into a version-keyed cache.
+
+Layout of the cache (root ``~/.cache/dra-gpu``, or ``$DRA_GPU_CACHE``)::
+
+    k8s-v1.37.2/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,kubelet}
+    k8s-v1.37.2/build-times.json      # how long each build took (read by bench/cluster_up.py)
+    etcd-v3.6.16/etcd
+    gomod/k8s-v1.36.3/go.mod           # generated wrapper modules for non-default versions
+
+Invariants:
+- A binary at its final path is always complete: ``go build`` writes into a fresh hidden directory
+  beside it and each file is moved in with ``os.replace`` (atomic on one filesystem), so an
+  interrupted build leaves at most a stray hidden directory, never a half-written binary.
+- One build per output directory at a time: an exclusive ``flock`` on ``.build.lock``; whoever
+  waited re-checks what is still missing before building, so concurrent callers build once.
+- Only what is missing is built, and only what the caller asked for: the control plane never waits
+  for the (cgo) kubelet unless it asked for it.
+
+The default versions use the committed wrapper modules under ``e2e/gomod/``; any other version gets
+a generated module (same replace directives with the matching ``v0.<minor>.<patch>``) tidied once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_K8S_VERSION = "v1.37.2"
+DEFAULT_ETCD_VERSION = "v3.6.16"
+
+K8S_PURE_GO = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+K8S_CGO = ("kubelet",)
+ETCD = "etcd"
+CONTROL_PLANE: tuple[str, ...] = (ETCD, *K8S_PURE_GO)
+ALL_COMPONENTS: tuple[str, ...] = (*CONTROL_PLANE, *K8S_CGO)
+
+# Staging modules of 1.34-1.37. Replacing one that a version does not use is harmless: Go only
+# consults replace directives for modules that are in the build graph.
+STAGING_MODULES = (
+    "api",
+    "apiextensions-apiserver",
+    "apimachinery",
+    "apiserver",
+    "cli-runtime",
+    "client-go",
+    "cloud-provider",
+    "cluster-bootstrap",
+    "code-generator",
+    "component-base",
+    "component-helpers",
+    "controller-manager",
+    "cri-api",
+    "cri-client",
+    "cri-streaming",
+    "csi-translation-lib",
+    "dynamic-resource-allocation",
+    "endpointslice",
+    "externaljwt",
+    "kms",
+    "kube-aggregator",
+    "kube-controller-manager",
+    "kube-proxy",
+    "kube-scheduler",
+    "kubectl",
+    "kubelet",
+    "metrics",
+    "mount-utils",
+    "pod-security-admission",
+    "sample-apiserver",
+    "sample-cli-plugin",
+    "sample-controller",
+    "streaming",
+)
+
+GOMOD_DIR = Path(__file__).resolve().parent / "gomod"
+PROGRESS_EVERY_S = 30.0
+
+Log = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Versions:
+    k8s: str = DEFAULT_K8S_VERSION
+    etcd: str = DEFAULT_ETCD_VERSION
+
+    @classmethod
+    def from_env(cls) -> Versions:
+        return cls(
+            k8s=_vprefix(os.environ.get("DRA_GPU_K8S_VERSION", DEFAULT_K8S_VERSION)),
+            etcd=_vprefix(os.environ.get("DRA_GPU_ETCD_VERSION", DEFAULT_ETCD_VERSION)),
+        )
+
+
+def _vprefix(version: str) -> str:
+    version = version.strip()
+    if not re.fullmatch(r"v?\d+\.\d+\.\d+", version):
+        raise ValueError(f"version {version!r} is not of the form v<major>.<minor>.<patch>")
+    return version if version.startswith("v") else f"v{version}"
+
+
+def cache_root() -> Path:
+    override = os.environ.get("DRA_GPU_CACHE")
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "dra-gpu"
+
+
+def component_dir(name: str, versions: Versions) -> Path:
+    if name == ETCD:
+        return cache_root() / f"etcd-{versions.etcd}"
+    if name in K8S_PURE_GO or name in K8S_CGO:
+        return cache_root() / f"k8s-{versions.k8s}"
+    raise ValueError(f"unknown component {name!r}; known: {', '.join(ALL_COMPONENTS)}")
+
+
+def binary_path(name: str, versions: Versions | None = None) -> Path:
+    return component_dir(name, versions or Versions.from_env()) / name
+
+
+def missing(components: Sequence[str], versions: Versions) -> list[str]:
+    return [c for c in components if not os.access(binary_path(c, versions), os.X_OK)]
+
+
+@dataclass(frozen=True)
+class BuildStep:
+    """One ``go build`` invocation: a set of binaries sharing a module and cgo setting."""
+
+    components: tuple[str, ...]
+    module: str  # "k8s" or "etcd"
+    cgo: bool
+
+
+def plan(components: Sequence[str]) -> list[BuildStep]:
+    """Group the requested components into as few ``go build`` runs as their settings allow."""
+    wanted = set(components)
+    steps = [
+        BuildStep(tuple(c for c in K8S_PURE_GO if c in wanted), "k8s", cgo=False),
+        BuildStep((ETCD,) if ETCD in wanted else (), "etcd", cgo=False),
+        BuildStep(tuple(c for c in K8S_CGO if c in wanted), "k8s", cgo=True),
+    ]
+    return [s for s in steps if s.components]
+
+
+def k8s_ldflags(version: str) -> str:
+    major, minor, _ = version.lstrip("v").split(".")
+    pkg = "k8s.io/component-base/version"
+    return (
+        f"-s -w -X {pkg}.gitVersion={version} -X {pkg}.gitMajor={major} "
+        f"-X {pkg}.gitMinor={minor} -X {pkg}.gitTreeState=clean"
+    )
+
+
+def go_build_argv(step: BuildStep, out_dir: Path, versions: Versions) -> list[str]:
+    if step.module == "etcd":
+        # The main package is the module root, whose default binary name would be "v3".
+        return [
+            *("go", "build", "-v", "-trimpath", "-ldflags", "-s -w"),
+            *("-o", str(out_dir / ETCD), "go.etcd.io/etcd/server/v3"),
+        ]
+    pkgs = [f"k8s.io/kubernetes/cmd/{c}" for c in step.components]
+    return [
+        *("go", "build", "-v", "-trimpath", "-ldflags", k8s_ldflags(versions.k8s)),
+        *("-o", f"{out_dir}{os.sep}", *pkgs),
+    ]
+
+
+def k8s_gomod_text(version: str) -> str:
+    staging = "v0." + version.split(".", 1)[1]
+    replaces = "\n".join(f"\tk8s.io/{m} => k8s.io/{m} {staging}" for m in STAGING_MODULES)
+    tools = "\n".join(f"\tk8s.io/kubernetes/cmd/{c}" for c in (*K8S_PURE_GO, *K8S_CGO))
+    return (
+        f"module dra-gpu/e2e/gomod/k8s\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes {version}\n\n"
+        f"replace (\n{replaces}\n)\n\ntool (\n{tools}\n)\n"
+    )
+
+
+def etcd_gomod_text(version: str) -> str:
+    return (
+        "module dra-gpu/e2e/gomod/etcd\n\ngo 1.26.0\n\n"
+        f"require go.etcd.io/etcd/server/v3 {version}\n\ntool go.etcd.io/etcd/server/v3\n"
+    )
+
+
+_PINNED = {"k8s": "k8s.io/kubernetes", "etcd": "go.etcd.io/etcd/server/v3"}
+
+
+def pinned_version(module: str) -> str | None:
+    """The version the committed wrapper module requires, or None when it is absent."""
+    gomod = GOMOD_DIR / module / "go.mod"
+    if not gomod.is_file():
+        return None
+    found = re.search(rf"^\s*{re.escape(_PINNED[module])} (v\S+)", gomod.read_text(), re.M)
+    return found.group(1) if found else None
+
+
+def module_dir(module: str, version: str, *, log: Log) -> Path:
+    """The wrapper module to build ``module`` at ``version`` from, generating it if needed."""
+    if pinned_version(module) == version:
+        return GOMOD_DIR / module
+    target = cache_root() / "gomod" / f"{module}-{version}"
+    if (target / "go.sum").is_file():
+        return target
+    text = k8s_gomod_text(version) if module == "k8s" else etcd_gomod_text(version)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{module}-{version}-", dir=target.parent))
+    try:
+        (tmp / "go.mod").write_text(text)
+        log(f"[build] resolving the {module} {version} module graph (go mod tidy)")
+        _run_go(["go", "mod", "tidy"], cwd=tmp, env=os.environ.copy(), log=log, label="tidy")
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _run_go(argv: list[str], *, cwd: Path, env: dict[str, str], log: Log, label: str) -> None:
+    """Run a go command, printing a progress line every PROGRESS_EVERY_S; raise on failure."""
+    start = time.monotonic()
+    tail: list[str] = []
+    count = 0
+    done = threading.Event()
+
+    def heartbeat() -> None:
+        while not done.wait(PROGRESS_EVERY_S):
+            log(f"[build] {label}: {_fmt(time.monotonic() - start)} elapsed, {count} packages")
+
+    beat = threading.Thread(target=heartbeat, daemon=True)
+    beat.start()
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            count += 1
+            tail = [*tail[-39:], line.rstrip()]
+        rc = proc.wait()
+    finally:
+        done.set()
+    if rc != 0:
+        joined = "\n".join(tail)
+        raise RuntimeError(f"{label} failed (exit {rc}) in {cwd}: {' '.join(argv)}\n{joined}")
+
+
+def _fmt(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".build.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def record_build(directory: Path, components: Sequence[str], seconds: float) -> None:
+    """Append a build's duration to ``build-times.json`` beside the binaries."""
+    path = directory / "build-times.json"
+    builds: list[dict[str, object]] = []
+    if path.is_file():
+        with contextlib.suppress(ValueError):
+            builds = list(json.loads(path.read_text()).get("builds", []))
+    go = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
+    builds.append(
+        {
+            "components": list(components),
+            "seconds": round(seconds, 1),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "go": go,
+            "cpus": os.cpu_count(),
+        }
+    )
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"builds": builds}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def recorded_build_seconds(component: str, versions: Versions) -> float | None:
+    """Duration of the most recent recorded build that produced ``component``."""
+    path = component_dir(component, versions) / "build-times.json"
+    if not path.is_file():
+        return None
+    try:
+        builds = json.loads(path.read_text()).get("builds", [])
+    except ValueError:
+        return None
+    for build in reversed(builds):
+        if component in build.get("components", []):
+            return float(build["seconds"])
+    return None
+
+
+def _build_step(step: BuildStep, versions: Versions, *, log: Log) -> None:
+    version = versions.etcd if step.module == "etcd" else versions.k8s
+    out = component_dir(step.components[0], versions)
+    with _locked(out):
+        todo = missing(step.components, versions)
+        if not todo:
+            return
+        step = BuildStep(tuple(todo), step.module, step.cgo)
+        src = module_dir(step.module, version, log=log)
+        tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
+        env = {**os.environ, "CGO_ENABLED": "1" if step.cgo else "0"}
+        label = f"{', '.join(todo)} {version}"
+        log(f"[build] building {label} (cgo={'on' if step.cgo else 'off'}) from {src}")
+        start = time.monotonic()
+        try:
+            _run_go(go_build_argv(step, tmp, versions), cwd=src, env=env, log=log, label=label)
+            for name in todo:
+                os.replace(tmp / name, out / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        elapsed = time.monotonic() - start
+        record_build(out, todo, elapsed)
+        log(f"[build] built {label} in {_fmt(elapsed)} -> {out}")
+
+
+def ensure(
+    components: Sequence[str] = CONTROL_PLANE,
+    *,
+    versions: Versions | None = None,
+    log: Log = _stderr,
+) -> dict[str, Path]:
+    """Return ``{component: path}``, building whatever of ``components`` is not cached yet."""
+    versions = versions or Versions.from_env()
+    for name in components:
+        component_dir(name, versions)  # validates the name before any build starts
+    todo = missing(components, versions)
+    if todo:
+        if shutil.which("go") is None:
+            raise RuntimeError(f"{', '.join(todo)} not in {cache_root()} and no `go` to build it")
+        for step in plan(todo):
+            _build_step(step, versions, log=log)
+    return {c: binary_path(c, versions) for c in components}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m e2e.binaries [component ...]``: build what is missing, print the paths."""
+    names = list(argv if argv is not None else sys.argv[1:]) or list(CONTROL_PLANE)
+    if names == ["all"]:
+        names = list(ALL_COMPONENTS)
+    for name, path in ensure(names).items():
+        print(f"{name}\t{path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,438 @@
+"""A real Kubernetes control plane run as local processes, for tests and the demo.
+
+Usage from tests (``tests/conftest.py`` has a session fixture ``cluster``)::
+
+    with Cluster() as c:
+        c.register_node("gpu-node-0")
+        c.kubectl("get", "nodes")
+        api = c.api_client()          # kubernetes.client.ApiClient, admin identity
+
+From a shell: ``python -m e2e.cluster up`` (see ``e2e.cluster_cli``).
+
+Invariants:
+- ``up()`` returns only when the cluster is usable: the API server is ready, the controller-manager
+  and scheduler are healthy, and the ``default`` ServiceAccount exists (pods can be created). On any
+  failure it tears down what it started and raises ``ClusterError`` with each component's log tail.
+- Every component is a process group registered in ``e2e.procs``; ``down()`` kills them all and is
+  idempotent; atexit, signal handlers and the parent-death signal cover the cases it is not called.
+- The work directory (PKI, kubeconfigs, etcd data, logs) is created once; the API server restarts on
+  the same port with the same certificates, so kubeconfigs and clients stay valid.
+- Simulated nodes (``register_node``) get a Lease renewed every 10 s by a daemon thread, so the
+  node-lifecycle controller never taints them unreachable, however long a session runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from e2e import binaries, certs, components, kubeconfigs, procs
+from e2e.components import APISERVER, CONTROLLER_MANAGER, ETCD, SCHEDULER, START_ORDER
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+LEASE_RENEW_S = 10.0
+LOG_TAIL_LINES = 40
+
+
+class ClusterError(RuntimeError):
+    """The control plane failed to start or a command against it failed."""
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def node_manifest(name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A Node object as a kubelet would register it (labels, capacity; status set separately)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                **(labels or {}),
+            },
+        },
+        "spec": {},
+    }
+
+
+def node_status(now: datetime.datetime) -> dict[str, Any]:
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    capacity = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+    return {
+        "status": {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "simulated node registered by the e2e harness",
+                    "lastHeartbeatTime": stamp,
+                    "lastTransitionTime": stamp,
+                }
+            ],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "nodeInfo": {"kubeletVersion": "simulated", "operatingSystem": "linux"},
+        }
+    }
+
+
+def _micro_time(now: datetime.datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Cluster:
+    """One local control plane. Not thread-safe except where noted (``register_node``)."""
+
+    def __init__(
+        self,
+        *,
+        workdir: Path | None = None,
+        versions: binaries.Versions | None = None,
+        feature_gates: Mapping[str, bool] | None = None,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
+        startup_timeout_s: float = 180.0,
+        log: Callable[[str], None] = _stderr,
+    ) -> None:
+        self._own_workdir = workdir is None
+        base = workdir or Path(tempfile.mkdtemp(prefix="dra-gpu-cluster-"))
+        self.workdir: Path = base.resolve()
+        self.versions = versions or binaries.Versions.from_env()
+        self._feature_gates = dict(feature_gates or {})
+        self._extra_args = {k: tuple(v) for k, v in (extra_args or {}).items()}
+        self._timeout = startup_timeout_s
+        self._log = log
+        self._layout: components.Layout | None = None
+        self._bins: dict[str, Path] = {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._client: ApiClient | None = None
+        self._nodes: set[str] = set()
+        self._nodes_lock = threading.Lock()
+        self._stop_heartbeat = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    # ----- paths and identity -------------------------------------------------------------
+
+    @property
+    def layout(self) -> components.Layout:
+        if self._layout is None:
+            raise ClusterError("the cluster has not been started (call up())")
+        return self._layout
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.layout.admin_kubeconfig
+
+    @property
+    def server(self) -> str:
+        return self.layout.server
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.layout.pki.ca.cert
+
+    def bin(self, name: str) -> Path:
+        """Path of a cached binary (``kubectl``, ``kubelet``...), building it if missing."""
+        if name not in self._bins:
+            self._bins.update(binaries.ensure([name], versions=self.versions, log=self._log))
+        return self._bins[name]
+
+    # ----- lifecycle ----------------------------------------------------------------------
+
+    def up(self) -> Cluster:
+        self._stop_heartbeat.clear()
+        self._bins.update(
+            binaries.ensure(binaries.CONTROL_PLANE, versions=self.versions, log=self._log)
+        )
+        ports = components.Ports(*procs.free_ports(5))
+        self._layout = components.Layout(
+            workdir=self.workdir,
+            ports=ports,
+            feature_gates=self._feature_gates,
+            extra_args=self._extra_args,
+        )
+        self._write_identities()
+        try:
+            self._start(ETCD)
+            self._wait_healthy(ETCD)
+            self._start(APISERVER)
+            self._wait_healthy(APISERVER)
+            self._start(CONTROLLER_MANAGER)
+            self._start(SCHEDULER)
+            self._wait_healthy(CONTROLLER_MANAGER)
+            self._wait_healthy(SCHEDULER)
+            self._wait_for(
+                lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default") == 200,
+                what="the default ServiceAccount (created by the controller-manager)",
+            )
+        except BaseException as exc:
+            tail = self.logs()
+            self.down(remove_workdir=False)
+            if isinstance(exc, ClusterError):
+                raise ClusterError(f"{exc}\n{tail}") from exc
+            raise
+        self._heartbeat = threading.Thread(target=self._renew_leases, daemon=True)
+        self._heartbeat.start()
+        return self
+
+    def down(self, *, remove_workdir: bool = True) -> None:
+        """Stop every component (idempotent); remove the work directory if this object made it."""
+        self._stop_heartbeat.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=15)
+            self._heartbeat = None
+        if self._client is not None:
+            self._client.close()  # type: ignore[no-untyped-call]
+            self._client = None
+        running = [self._procs.pop(n) for n in reversed(START_ORDER) if n in self._procs]
+        # No grace period: the cluster's state is thrown away, and a graceful API server
+        # shutdown would only wait on an etcd that is going away at the same moment.
+        procs.stop_many(running, grace_s=0.0)
+        if remove_workdir and self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Cluster:
+        return self.up()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and not isinstance(exc, ClusterError):
+            self._log(self.logs())
+        self.down()
+
+    def stop_apiserver(self) -> None:
+        proc = self._procs.pop(APISERVER, None)
+        if proc is not None:
+            procs.stop(proc)
+
+    def start_apiserver(self) -> None:
+        """Start the API server again on the same port with the same certificates; wait ready.
+
+        Also restarts the controller-manager or scheduler if either gave up while it was away.
+        """
+        if APISERVER not in self._procs:
+            self._start(APISERVER)
+        self._wait_healthy(APISERVER)
+        for name in (CONTROLLER_MANAGER, SCHEDULER):
+            proc = self._procs.get(name)
+            if proc is None or proc.poll() is not None:
+                self._start(name)
+                self._wait_healthy(name)
+
+    # ----- clients ------------------------------------------------------------------------
+
+    def api_client(self) -> ApiClient:
+        """A new ``kubernetes.client.ApiClient`` with the admin identity (caller closes it)."""
+        from kubernetes import config
+
+        client: ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.kubeconfig)
+        )
+        return client
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        """Run kubectl as admin; return stdout. Raises ClusterError (with stderr) on failure."""
+        argv = [str(self.bin("kubectl")), f"--kubeconfig={self.kubeconfig}", *args]
+        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=120)
+        if check and proc.returncode != 0:
+            raise ClusterError(
+                f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr}"
+            )
+        return proc.stdout
+
+    def issue_client_cert(self, cn: str, orgs: Sequence[str] = ()) -> tuple[Path, Path]:
+        """A client certificate (CN = user, O = groups) signed by the cluster CA: (cert, key)."""
+        stem = certs.safe_stem(cn)
+        out = certs.CertPair(
+            self.workdir / "pki" / "clients" / f"{stem}.crt",
+            self.workdir / "pki" / "clients" / f"{stem}.key",
+        )
+        certs.issue_client_cert(self.layout.pki.ca, out, cn=cn, orgs=orgs)
+        return out.cert, out.key
+
+    def issue_serving_cert(self, name: str, hosts: Sequence[str]) -> tuple[Path, Path]:
+        """A TLS serving certificate for ``hosts`` (e.g. a webhook on 127.0.0.1): (cert, key)."""
+        stem = certs.safe_stem(name)
+        out = certs.CertPair(
+            self.workdir / "pki" / "serving" / f"{stem}.crt",
+            self.workdir / "pki" / "serving" / f"{stem}.key",
+        )
+        certs.issue_serving_cert(self.layout.pki.ca, out, cn=name, hosts=hosts)
+        return out.cert, out.key
+
+    def write_kubeconfig(self, path: Path, cert: Path, key: Path) -> Path:
+        return kubeconfigs.write_kubeconfig(
+            path, server=self.server, ca=self.ca_cert, cert=cert, key=key
+        )
+
+    # ----- objects ------------------------------------------------------------------------
+
+    def register_node(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """Create (or relabel) a Ready Node for a simulated node; returns the Node as a dict."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        api = self._admin()
+        core = client.CoreV1Api(api)
+        try:
+            manifest: Any = node_manifest(name, labels)  # the client accepts plain dicts
+            core.create_node(body=manifest, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            core.patch_node(name, {"metadata": {"labels": labels or {}}}, _request_timeout=30)
+        now = datetime.datetime.now(datetime.UTC)
+        node = core.patch_node_status(name, node_status(now), _request_timeout=30)
+        self._renew_lease(name, now)
+        with self._nodes_lock:
+            self._nodes.add(name)
+        result: dict[str, Any] = api.sanitize_for_serialization(node)  # type: ignore[no-untyped-call]
+        return result
+
+    def create_namespace(self, name: str) -> None:
+        """Create a namespace and wait until its ``default`` ServiceAccount exists."""
+        manifest = f'{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"{name}"}}}}'
+        self.kubectl("apply", "-f", "-", input=manifest)
+        self._wait_for(
+            lambda: self._get(f"/api/v1/namespaces/{name}/serviceaccounts/default") == 200,
+            what=f"the default ServiceAccount of namespace {name}",
+        )
+
+    def logs(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of each component's log, headed by its name."""
+        if self._layout is None:
+            return "(cluster never started: no logs)"
+        parts = []
+        for name in START_ORDER:
+            path = self._layout.log(name)
+            if not path.is_file():
+                continue
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"===== {name} ({path}) =====\n" + "\n".join(text))
+        return "\n".join(parts)
+
+    # ----- internals ----------------------------------------------------------------------
+
+    def _write_identities(self) -> None:
+        layout = self.layout
+        pki = certs.load_pki(layout.pki.dir) if layout.pki.ca.key.is_file() else None
+        pki = pki or certs.create_pki(layout.pki.dir)
+        identities = {
+            layout.admin_kubeconfig: pki.admin,
+            layout.kubeconfig(CONTROLLER_MANAGER): pki.controller_manager,
+            layout.kubeconfig(SCHEDULER): pki.scheduler,
+        }
+        for path, pair in identities.items():
+            kubeconfigs.write_kubeconfig(
+                path, server=layout.server, ca=pki.ca.cert, cert=pair.cert, key=pair.key
+            )
+
+    def _start(self, name: str) -> None:
+        layout = self.layout
+        argv = components.argv(name, self._bins[name], layout)
+        log = layout.log(name)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as fh:
+            fh.write(f"\n# {time.strftime('%H:%M:%S')} starting: {' '.join(argv)}\n")
+        self._procs[name] = procs.spawn(argv, log_path=log)
+
+    def _wait_healthy(self, name: str) -> None:
+        url = components.health_url(name, self.layout)
+
+        def healthy() -> bool:
+            proc = self._procs.get(name)
+            if proc is None or proc.poll() is not None:
+                code = None if proc is None else proc.returncode
+                raise ClusterError(f"{name} exited (code {code}) before it became healthy")
+            return self._get(url) == 200
+
+        self._wait_for(healthy, what=f"{name} at {url}")
+
+    def _wait_for(self, check: Callable[[], bool], *, what: str) -> None:
+        deadline = time.monotonic() + self._timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out after {self._timeout:.0f}s waiting for {what}")
+            time.sleep(0.1)
+
+    def _ssl_context(self, url: str) -> ssl.SSLContext:
+        if url.startswith(self.layout.server):
+            pki = self.layout.pki
+            ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
+            ctx.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
+            return ctx
+        # Controller-manager and scheduler serve a self-signed certificate of their own.
+        return ssl._create_unverified_context()
+
+    def _get(self, url_or_path: str) -> int | None:
+        """HTTP status of a GET (admin identity for the API server); None if unreachable."""
+        url = url_or_path if "://" in url_or_path else self.layout.server + url_or_path
+        ctx = self._ssl_context(url) if url.startswith("https") else None
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except (OSError, ssl.SSLError):
+            return None
+
+    def _admin(self) -> ApiClient:
+        if self._client is None:
+            self._client = self.api_client()
+        return self._client
+
+    def _renew_lease(self, name: str, now: datetime.datetime) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        coord = client.CoordinationV1Api(self._admin())
+        spec = {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": _micro_time(now)}
+        try:
+            coord.patch_namespaced_lease(
+                name, "kube-node-lease", {"spec": spec}, _request_timeout=5
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body: Any = {"metadata": {"name": name, "namespace": "kube-node-lease"}, "spec": spec}
+            coord.create_namespaced_lease("kube-node-lease", body, _request_timeout=5)
+
+    def _renew_leases(self) -> None:
+        while not self._stop_heartbeat.wait(LEASE_RENEW_S):
+            with self._nodes_lock:
+                nodes = sorted(self._nodes)
+            for name in nodes:
+                # The API server may be stopped on purpose (stop_apiserver): keep trying.
+                with contextlib.suppress(Exception):
+                    self._renew_lease(name, datetime.datetime.now(datetime.UTC))
+
+
+if __name__ == "__main__":
+    from e2e import cluster_cli
+
+    sys.exit(cluster_cli.main())

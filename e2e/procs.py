@@ -1,0 +1,147 @@
+"""Child processes that cannot outlive the Python process that started them.
+
+Every component runs in its own session (hence its own process group), so stopping it kills
+everything it spawned too (``killpg``). Four layers make sure nothing is left behind:
+
+1. ``stop`` / ``stop_all``: SIGTERM to the group, then SIGKILL after a grace period.
+2. ``atexit`` and SIGTERM/SIGHUP handlers (installed only where no handler is set yet) call
+   ``stop_all`` for a normal exit or a polite kill of the Python process.
+3. ``PR_SET_PDEATHSIG``: the kernel SIGKILLs a child whose parent dies, even by SIGKILL. The
+   "parent" is the *thread* that forked, so it is only set for children started from the main
+   thread: a child started from a short-lived worker thread would die with that thread.
+4. ``leftover_processes``: a scan of /proc for any process mentioning the harness's work directory,
+   used by tests to prove the first three worked.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+_PR_SET_PDEATHSIG = 1
+_live: dict[int, subprocess.Popen[bytes]] = {}  # pid (== pgid) -> process
+_lock = threading.Lock()
+_handlers_installed = False
+_libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child must not load libraries
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def spawn(
+    argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new process group with stdout+stderr appended to ``log_path``."""
+    _install_handlers()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    in_main = threading.current_thread() is threading.main_thread()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if in_main else None,
+        )
+    with _lock:
+        _live[proc.pid] = proc
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes], *, grace_s: float = 5.0) -> None:
+    stop_many([proc], grace_s=grace_s)
+
+
+def stop_many(procs: Sequence[subprocess.Popen[bytes]], *, grace_s: float = 5.0) -> None:
+    """SIGTERM every group at once, wait up to ``grace_s``, SIGKILL what is left, reap."""
+    for proc in procs:
+        _signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        # The leader may be gone while others in its group are not: always kill the group.
+        _signal_group(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5.0)
+        with _lock:
+            _live.pop(proc.pid, None)
+
+
+def stop_all(*, grace_s: float = 2.0) -> None:
+    with _lock:
+        procs = list(_live.values())
+    if procs:
+        stop_many(procs, grace_s=grace_s)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _install_handlers() -> None:
+    global _handlers_installed
+    with _lock:
+        if _handlers_installed:
+            return
+        _handlers_installed = True
+    atexit.register(stop_all)
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _on_fatal_signal)
+
+
+def _on_fatal_signal(signum: int, _frame: FrameType | None) -> None:
+    stop_all(grace_s=1.0)
+    # Die of the same signal, as if no handler had been installed.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports that were free a moment ago (held open together)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def leftover_processes(marker: str | Path) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process whose command line contains ``marker``."""
+    marker = str(marker)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        cmdline = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        if marker in cmdline and state != "Z":
+            found.append((int(entry.name), cmdline))
+    return found

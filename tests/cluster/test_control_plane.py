@@ -1,0 +1,352 @@
+"""The real control plane checks and acts on DRA objects the way a production cluster does.
+
+Cases:
+- a DeviceClass with a CEL selector is stored as written;
+- DeviceClasses with a syntax error, a type error or a non-boolean CEL expression are rejected with
+  the API server's own message;
+- a ResourceSlice with 128 devices is accepted, one with 129 is rejected (API server message);
+- a Pod with a ResourceClaimTemplate: the resourceclaim controller creates the claim, the scheduler
+  allocates a device of the node's ResourceSlice to it and binds the pod to that node;
+- ValidatingAdmissionPolicy and an admission webhook served on loopback both deny requests.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e.cluster import Cluster
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+NAMESPACE = "cp-tests"
+
+
+def wait_for(check: Callable[[], Any], *, what: str, timeout_s: float = 60.0) -> Any:
+    """Poll until ``check()`` returns something truthy; fail naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def api_message(exc: ApiException) -> str:
+    return str(json.loads(exc.body)["message"])
+
+
+@pytest.fixture(scope="module")
+def api(cluster: Cluster) -> Iterator[client.ApiClient]:
+    cluster.create_namespace(NAMESPACE)
+    with cluster.api_client() as api_client:
+        yield api_client
+
+
+@pytest.fixture(scope="module")
+def custom(api: client.ApiClient) -> client.CustomObjectsApi:
+    # The generic client: plain dicts in and out, the same path as the typed resource.k8s.io API.
+    return client.CustomObjectsApi(api)
+
+
+def device_class(name: str, expression: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+def resource_slice(name: str, *, driver: str, devices: int, node: str | None) -> dict[str, Any]:
+    placement: dict[str, Any] = {"nodeName": node} if node else {"allNodes": True}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+            **placement,
+            "devices": [
+                {
+                    "name": f"gpu-{i}",
+                    "attributes": {"index": {"int": i}, "model": {"string": "test-gpu"}},
+                    "capacity": {"memory": {"value": "80Gi"}},
+                }
+                for i in range(devices)
+            ],
+        },
+    }
+
+
+def test_device_class_with_cel_selector_is_stored(custom: client.CustomObjectsApi) -> None:
+    expression = (
+        'device.driver == "gpu.cp.example.com" && '
+        "device.capacity['gpu.cp.example.com'].memory.compareTo(quantity('40Gi')) >= 0"
+    )
+    body = device_class("cp-valid-class", expression)
+    custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", body)
+    try:
+        stored = custom.get_cluster_custom_object(GROUP, VERSION, "deviceclasses", "cp-valid-class")
+        assert stored["spec"]["selectors"] == [{"cel": {"expression": expression}}]
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", "cp-valid-class")
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ('device.driver == "a" &&', "Syntax error"),
+        ("device.driver + 1", "found no matching overload for '_+_'"),
+        ("device.driver", "must evaluate to bool"),
+    ],
+    ids=["syntax-error", "type-error", "not-boolean"],
+)
+def test_device_class_with_invalid_cel_is_rejected(
+    custom: client.CustomObjectsApi, expression: str, expected: str
+) -> None:
+    with pytest.raises(ApiException) as err:
+        custom.create_cluster_custom_object(
+            GROUP, VERSION, "deviceclasses", device_class("cp-invalid-class", expression)
+        )
+    assert err.value.status == 422
+    message = api_message(err.value)
+    assert "spec.selectors[0].cel.expression: Invalid value" in message
+    assert expected in message
+
+
+@pytest.mark.parametrize(
+    ("devices", "accepted"), [(128, True), (129, False)], ids=["128-accepted", "129-rejected"]
+)
+def test_resource_slice_device_limit(
+    custom: client.CustomObjectsApi, devices: int, accepted: bool
+) -> None:
+    name = f"cp-limit-{devices}"
+    body = resource_slice(name, driver="limits.cp.example.com", devices=devices, node=None)
+    if accepted:
+        created = custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body)
+        assert len(created["spec"]["devices"]) == devices
+        custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", name)
+        return
+    with pytest.raises(ApiException) as err:
+        custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body)
+    assert err.value.status == 422
+    assert "spec.devices: Too many: 129: must have at most 128 items" in api_message(err.value)
+
+
+def test_pod_claim_is_created_allocated_and_pod_bound(
+    cluster: Cluster, api: client.ApiClient, custom: client.CustomObjectsApi
+) -> None:
+    driver, node = "sched.cp.example.com", "cp-node-0"
+    cls = device_class("cp-sched-class", f'device.driver == "{driver}"')
+    custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
+    cluster.register_node(node, {"cp.example.com/gpu": "true"})
+    slice_body = resource_slice("cp-node-0-gpus", driver=driver, devices=2, node=node)
+    custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_body)
+    template = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "cp-sched-class"}}]
+                }
+            }
+        },
+    }
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, "resourceclaimtemplates", template
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gpu-pod"},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "example.invalid/never-pulled:1",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(NAMESPACE, pod)
+
+    def claim_name() -> str | None:
+        statuses = core.read_namespaced_pod("gpu-pod", NAMESPACE).status
+        for entry in statuses.resource_claim_statuses or []:
+            if entry.name == "gpu" and entry.resource_claim_name:
+                return str(entry.resource_claim_name)
+        return None
+
+    name = wait_for(claim_name, what="the resourceclaim controller to create the pod's claim")
+    claim = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", name)
+    assert [o["name"] for o in claim["metadata"]["ownerReferences"]] == ["gpu-pod"]
+
+    def allocation() -> dict[str, Any] | None:
+        got = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", name)
+        return got.get("status", {}).get("allocation")  # type: ignore[no-any-return]
+
+    allocated = wait_for(allocation, what="the scheduler to allocate a device to the claim")
+    (result,) = allocated["devices"]["results"]
+    assert (result["driver"], result["pool"], result["request"]) == (
+        driver,
+        "cp-node-0-gpus",
+        "gpu",
+    )
+    assert result["device"] in {"gpu-0", "gpu-1"}
+
+    bound = wait_for(
+        lambda: core.read_namespaced_pod("gpu-pod", NAMESPACE).spec.node_name,
+        what="the scheduler to bind the pod",
+    )
+    assert bound == node
+    core.delete_namespaced_pod("gpu-pod", NAMESPACE, grace_period_seconds=0)
+    custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", "cp-node-0-gpus")
+    custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", "cp-sched-class")
+
+
+def _labelled_configmap(label: str) -> dict[str, Any]:
+    return {"metadata": {"generateName": "cp-", "labels": {label: "yes"}}, "data": {"k": "v"}}
+
+
+def _wait_denied(core: client.CoreV1Api, label: str, *, what: str) -> str:
+    """Dry-run a labelled ConfigMap until admission denies it; return the denial message."""
+
+    def denial() -> str | None:
+        try:
+            core.create_namespaced_config_map(NAMESPACE, _labelled_configmap(label), dry_run="All")
+        except ApiException as exc:
+            if exc.status in (400, 403, 422):
+                return api_message(exc)
+            raise
+        return None
+
+    return str(wait_for(denial, what=what, timeout_s=30))
+
+
+def test_validating_admission_policy_denies(api: client.ApiClient) -> None:
+    reg = client.AdmissionregistrationV1Api(api)
+    policy = {
+        "metadata": {"name": "cp-deny-label"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["configmaps"],
+                    }
+                ]
+            },
+            "validations": [
+                {
+                    "expression": "!('cp-vap-deny' in object.metadata.?labels.orValue({}))",
+                    "message": "label cp-vap-deny is not allowed here",
+                }
+            ],
+        },
+    }
+    binding = {
+        "metadata": {"name": "cp-deny-label"},
+        "spec": {
+            "policyName": "cp-deny-label",
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+            },
+        },
+    }
+    reg.create_validating_admission_policy(policy)
+    reg.create_validating_admission_policy_binding(binding)
+    try:
+        message = _wait_denied(
+            client.CoreV1Api(api), "cp-vap-deny", what="the policy to deny the ConfigMap"
+        )
+        assert "label cp-vap-deny is not allowed here" in message
+    finally:
+        reg.delete_validating_admission_policy_binding("cp-deny-label")
+        reg.delete_validating_admission_policy("cp-deny-label")
+
+
+class _DenyLabelled(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        labels = review["request"]["object"]["metadata"].get("labels", {})
+        allowed = "cp-webhook-deny" not in labels
+        response = {"uid": review["request"]["uid"], "allowed": allowed}
+        if not allowed:
+            response["status"] = {"code": 403, "message": "denied by the test webhook"}
+        body = json.dumps({**review, "response": response}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_admission_webhook_on_loopback_denies(cluster: Cluster, api: client.ApiClient) -> None:
+    cert, key = cluster.issue_serving_cert("cp-webhook", ["127.0.0.1"])
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DenyLabelled)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(cert), str(key))
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    webhook = {
+        "metadata": {"name": "cp-deny-label"},
+        "webhooks": [
+            {
+                "name": "deny.cp.example.com",
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{port}/validate",
+                    "caBundle": base64.b64encode(cluster.ca_cert.read_bytes()).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["configmaps"],
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "failurePolicy": "Fail",
+                "timeoutSeconds": 5,
+            }
+        ],
+    }
+    reg = client.AdmissionregistrationV1Api(api)
+    reg.create_validating_webhook_configuration(webhook)
+    try:
+        message = _wait_denied(
+            client.CoreV1Api(api), "cp-webhook-deny", what="the webhook to deny the ConfigMap"
+        )
+        assert 'admission webhook "deny.cp.example.com" denied the request' in message
+        assert "denied by the test webhook" in message
+    finally:
+        reg.delete_validating_webhook_configuration("cp-deny-label")
+        server.shutdown()

@@ -1,0 +1,95 @@
+"""Shared pytest wiring: tiers by directory, and the session's local control plane.
+
+- Everything under ``tests/cluster/`` is marked ``cluster`` and everything under ``tests/node/`` is
+  marked ``node``, so ``-m "not cluster and not node"`` selects the unit tier.
+- A unit test may not use the ``cluster`` fixture (collection fails with a clear message): the unit
+  tier never starts processes.
+- Missing binaries are built once, right after collection and only when a selected test needs the
+  cluster, so a cold build is not counted against any test's timeout.
+- The ``cluster`` fixture is one control plane per session. If any test failed, the components'
+  log tails are shown in the summary and the work directory is kept; after the session, any process
+  still mentioning a harness work directory fails the run.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `e2e` is not an installed package; make it importable
+    sys.path.insert(0, str(ROOT))
+
+from e2e import binaries, procs  # noqa: E402
+from e2e.cluster import Cluster  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+TIER_MARKERS = {"cluster": "cluster", "node": "node"}  # tests/<dir>/ -> marker
+_harness_workdirs: list[Path] = []
+_failure_logs: list[str] = []
+
+
+def _tier(item: pytest.Item) -> str | None:
+    try:
+        return item.path.resolve().relative_to(TESTS).parts[0]
+    except (ValueError, IndexError):
+        return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = _tier(item)
+        if tier in TIER_MARKERS:
+            item.add_marker(getattr(pytest.mark, TIER_MARKERS[tier]))
+        elif tier == "unit" and "cluster" in getattr(item, "fixturenames", ()):
+            raise pytest.UsageError(f"{item.nodeid}: unit tests must not use the cluster fixture")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
+    needs = any(i.get_closest_marker(m) for i in session.items for m in TIER_MARKERS.values())
+    if not needs or not binaries.missing(binaries.CONTROL_PLANE, binaries.Versions.from_env()):
+        return
+    capture = session.config.pluginmanager.get_plugin("capturemanager")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+
+    def log(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+
+    with capture.global_and_fixture_disabled():
+        log("building the Kubernetes control-plane binaries (first run only)")
+        binaries.ensure(binaries.CONTROL_PLANE, log=log)
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """A running local control plane (etcd, API server, controller-manager, scheduler)."""
+    instance = Cluster()
+    _harness_workdirs.append(instance.workdir)
+    instance.up()
+    yield instance
+    failed = request.session.testsfailed > 0
+    if failed:
+        _failure_logs.append(instance.logs())
+    instance.down(remove_workdir=not failed)
+
+
+@pytest.hookimpl(trylast=True)  # after session fixtures are torn down
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    left = [p for w in _harness_workdirs for p in procs.leftover_processes(w)]
+    if left:
+        procs_text = "\n".join(f"  {pid}: {cmd[:160]}" for pid, cmd in left)
+        _failure_logs.append(f"harness processes left after the session:\n{procs_text}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for text in _failure_logs:
+        terminalreporter.section("local control plane", sep="-")
+        terminalreporter.write_line(text)
