@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from types import MappingProxyType
 
 from dra_gpu.devices import model
 from dra_gpu.devices.model import AttributeValue, Device, GpuInfo, MigDeviceInfo, Version
@@ -64,8 +65,8 @@ def gpu_device(gpu: GpuInfo) -> Device:
         name=gpu_device_name(gpu.minor),
         type="gpu",
         uuid=gpu.uuid,
-        attributes=attrs,
-        capacity={model.CAP_MEMORY: gpu.memory_bytes},
+        attributes=MappingProxyType(attrs),
+        capacity=MappingProxyType({model.CAP_MEMORY: gpu.memory_bytes}),
         gpu=gpu,
     )
 
@@ -97,8 +98,8 @@ def mig_device(gpu: GpuInfo, mig: MigDeviceInfo) -> Device:
         name=name,
         type="mig",
         uuid=mig.uuid,
-        attributes=attrs,
-        capacity=capacity,
+        attributes=MappingProxyType(attrs),
+        capacity=MappingProxyType(capacity),
         gpu=gpu,
         mig=mig,
     )

@@ -17,6 +17,7 @@ Design:
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -103,6 +104,8 @@ class NvmlBackend:
         self._max_timeouts = max_timeouts
         self._sysfs_root = sysfs_root
         self._timeouts = 0
+        # one pass at a time: the per-pass timeout budget is per backend, not per thread
+        self._pass_lock = threading.Lock()
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -125,18 +128,19 @@ class NvmlBackend:
     # -- discovery ------------------------------------------------------------------------
 
     def discover(self) -> Discovery:
-        self._timeouts = 0
-        try:
-            self._call("nvmlInit")
-        except (GpuReadError, CallTimeoutError) as e:
-            return _backend_failure(f"NVML could not be initialised: {e}")
-        try:
-            return self._discover_initialised()
-        finally:
+        with self._pass_lock:
+            self._timeouts = 0
             try:
-                self._call("nvmlShutdown")
+                self._call("nvmlInit")
             except (GpuReadError, CallTimeoutError) as e:
-                log.warning("nvmlShutdown failed: %s", e)
+                return _backend_failure(f"NVML could not be initialised: {e}")
+            try:
+                return self._discover_initialised()
+            finally:
+                try:
+                    self._call("nvmlShutdown")
+                except (GpuReadError, CallTimeoutError) as e:
+                    log.warning("nvmlShutdown failed: %s", e)
 
     def _discover_initialised(self) -> Discovery:
         try:
