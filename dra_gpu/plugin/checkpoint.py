@@ -21,7 +21,8 @@ Format versions and the rules for upgrading and downgrading
 
 History: version 1 had no boot ID and no per-device facts (uuid, minor, config...); such
 records still answer repeated prepares and unprepare, but their CDI spec cannot be rebuilt.
-Version 2 (current) added ``compatible_version``, ``boot_id``, device facts and ``share_id``.
+Version 2 (current) added ``compatible_version``, ``boot_id``, device facts, ``share_id`` and
+``admin_access``.
 
 Concurrency: :class:`CheckpointStore` applies mutations as a group commit. Threads queue pure
 mutation functions; one of them, holding an ``flock`` on ``checkpoint.lock`` (shared with another
@@ -87,6 +88,7 @@ class DeviceRecord(_Record):
     device: str
     cdi_device_ids: tuple[str, ...] = ()
     share_id: str | None = None
+    admin_access: bool = False
     # Facts to rebuild the CDI spec (version 2); None in version-1 files.
     type: Literal["gpu", "mig"] | None = None
     uuid: str | None = None

@@ -1,0 +1,77 @@
+"""The Kubernetes side of prepare: fetch ResourceClaims, report node warnings as Events.
+
+Thin I/O over ``kubeapi.KubeClient`` (plain JSON, no client models): ``KubeClaimFetcher``
+implements ``state.ClaimFetcher``; ``NodeEventReporter`` implements ``state.Report`` by creating
+a Warning Event on this node's Node object (shown by ``kubectl describe node``). Reporting is
+best effort: a failure to post an event is logged, never raised into prepare.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from dra_gpu.plugin import apierrors
+from dra_gpu.plugin.kubeapi import KubeClient
+
+log = logging.getLogger(__name__)
+
+CLAIMS_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+
+
+class KubeClaimFetcher:
+    def __init__(self, client: KubeClient) -> None:
+        self._client = client
+
+    def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
+        path = CLAIMS_PATH.format(namespace=quote(namespace), name=quote(name))
+        try:
+            return self._client.request("GET", path)
+        except apierrors.NotFound:
+            return None
+
+
+class NodeEventReporter:
+    """``report(reason, message)`` -> a Warning Event on the Node ``node_name``."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        node_name: str,
+        node_uid: str = "",
+        component: str = "gpu.nvidia.com-kubelet-plugin",
+    ) -> None:
+        self._client = client
+        self._node = node_name
+        self._node_uid = node_uid
+        self._component = component
+
+    def __call__(self, reason: str, message: str) -> None:
+        log.warning("%s: %s", reason, message)
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self._node}.{uuid.uuid4().hex[:16]}", "namespace": "default"},
+            "involvedObject": {
+                "kind": "Node",
+                "name": self._node,
+                "uid": self._node_uid or self._node,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning",
+            "source": {"component": self._component, "host": self._node},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._client.request("POST", "/api/v1/namespaces/default/events", body=event)
+        except apierrors.ApiError as exc:
+            log.error("could not post event %s for node %s: %s", reason, self._node, exc)

@@ -1,0 +1,228 @@
+"""Prepare's pure step: from a ResourceClaim (API JSON) to what must be prepared on this node.
+
+:func:`plan_claim` performs every check the kubelet leaves to the driver and resolves the
+opaque configuration, without side effects, so that a claim that cannot be prepared fails
+before anything is written. Each failure is a :class:`PlanError` whose message names the claim
+and the problem; it becomes that claim's error for the kubelet.
+
+Checks: the claim's UID is the one the kubelet asked for (a deleted and re-created claim has the
+same name but a new UID); it is allocated; it has results for this driver, all from this node's
+pool; every allocated device exists here.
+
+Configuration: ``status.allocation.devices.config`` holds the DeviceClass configs
+(``source: FromClass``) and the claim's own (``FromClaim``). Configs of other drivers are
+skipped. For each device, the configs whose ``requests`` are empty or name the device's request
+apply, class configs first, each in listed order; the last one wins. Every applicable config
+is parsed strictly (the admission webhook uses the same parser) and must fit the device type
+(``GpuConfig`` for a full GPU, ``MigDeviceConfig`` for a MIG device). No config: the type's
+default. The winner is normalized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dra_gpu.config import (
+    ConfigError,
+    DeviceConfig,
+    GpuConfig,
+    MigDeviceConfig,
+    default_gpu_config,
+    default_mig_device_config,
+    normalized,
+    parse_opaque_config,
+)
+from dra_gpu.devices.model import Device
+from dra_gpu.plugin.cdi import ClaimDevice
+from dra_gpu.plugin.ids import ClaimUID, DeviceName
+
+
+class PlanError(Exception):
+    """The claim cannot be prepared here; the message is shown to the user as is."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    uid: ClaimUID
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class PlannedDevice:
+    # Top-level request names (a subrequest ``req/sub`` counts as ``req``): containers refer to
+    # those. Two requests get one device only when it may be shared; it is prepared once.
+    requests: tuple[str, ...]
+    pool: str
+    share_id: str | None
+    admin_access: bool
+    cdi: ClaimDevice
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    ref: ClaimRef
+    devices: tuple[PlannedDevice, ...]
+
+
+@dataclass(frozen=True)
+class _Config:
+    index: int
+    source: str
+    requests: tuple[str, ...]
+    parameters: Mapping[str, Any]
+
+
+def _base_request(request: str) -> str:
+    return request.split("/", 1)[0]
+
+
+def _check_identity(ref: ClaimRef, claim: Mapping[str, Any]) -> Mapping[str, Any]:
+    uid = (claim.get("metadata") or {}).get("uid")
+    if uid != ref.uid:
+        raise PlanError(
+            f"claim {ref} has UID {uid}, the kubelet asked for {ref.uid} "
+            "(was the claim deleted and re-created?)"
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise PlanError(f"claim {ref} is not allocated")
+    return dict(allocation)
+
+
+def _our_results(
+    ref: ClaimRef, allocation: Mapping[str, Any], *, driver: str, pool: str
+) -> list[Mapping[str, Any]]:
+    results = [r for r in (allocation.get("devices") or {}).get("results") or ()]
+    ours = [r for r in results if r.get("driver") == driver]
+    if not ours:
+        drivers = sorted({str(r.get("driver")) for r in results}) or ["none"]
+        raise PlanError(
+            f"claim {ref} has no devices of driver {driver} (allocated: {', '.join(drivers)})"
+        )
+    for result in ours:
+        if result.get("pool") != pool:
+            raise PlanError(
+                f"claim {ref}: device {result.get('device')} is allocated from pool "
+                f"{result.get('pool')!r}, not from this node's pool {pool!r} "
+                "(allocation for another node)"
+            )
+    return ours
+
+
+def _our_configs(allocation: Mapping[str, Any], *, driver: str) -> list[_Config]:
+    raw = (allocation.get("devices") or {}).get("config") or ()
+    configs = []
+    for index, entry in enumerate(raw):
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        configs.append(
+            _Config(
+                index=index,
+                source=str(entry.get("source", "")),
+                requests=tuple(entry.get("requests") or ()),
+                parameters=opaque.get("parameters") or {},
+            )
+        )
+    # Class configs first, then the claim's; sorted() is stable, so listed order holds within.
+    return sorted(configs, key=lambda c: 0 if c.source == "FromClass" else 1)
+
+
+def _applies(config: _Config, request: str) -> bool:
+    return (
+        not config.requests
+        or request in config.requests
+        or _base_request(request) in (config.requests)
+    )
+
+
+def resolve_config(
+    ref: ClaimRef, configs: Sequence[_Config], *, request: str, device: Device
+) -> DeviceConfig:
+    """The normalized config for one device; raises PlanError."""
+    chosen: DeviceConfig | None = None
+    wanted = GpuConfig if device.type == "gpu" else MigDeviceConfig
+    for config in configs:
+        if not _applies(config, request):
+            continue
+        where = f"claim {ref}: config[{config.index}] ({config.source or 'unknown source'})"
+        try:
+            parsed = parse_opaque_config(config.parameters)
+        except ConfigError as exc:
+            raise PlanError(f"{where}: {exc}") from exc
+        if not isinstance(parsed, wanted):
+            raise PlanError(
+                f"{where}: a {parsed.kind} cannot configure {device.name}, which is "
+                f"a {'full GPU' if device.type == 'gpu' else 'MIG device'} "
+                f"(use {wanted.__name__})"
+            )
+        chosen = parsed
+    if chosen is None:
+        chosen = default_gpu_config() if device.type == "gpu" else default_mig_device_config()
+    return normalized(chosen)
+
+
+def _claim_device(ref: ClaimRef, device: Device, config: DeviceConfig) -> ClaimDevice:
+    if device.uuid is None:
+        raise PlanError(f"claim {ref}: MIG device {device.name} does not exist on the GPU yet")
+    mig = device.mig
+    return ClaimDevice(
+        name=DeviceName(device.name),
+        type=device.type,
+        uuid=device.uuid,
+        minor=device.gpu.minor,
+        product_name=device.gpu.product_name,
+        config=config,
+        mig_profile=mig.profile if mig else None,
+        gi_id=mig.gi_id if mig else None,
+        ci_id=mig.ci_id if mig else None,
+    )
+
+
+def plan_claim(
+    ref: ClaimRef,
+    claim: Mapping[str, Any],
+    *,
+    driver: str,
+    pool: str,
+    inventory: Mapping[str, Device],
+) -> ClaimPlan:
+    """What to prepare for ``claim`` on this node; raises PlanError naming the problem."""
+    allocation = _check_identity(ref, claim)
+    results = _our_results(ref, allocation, driver=driver, pool=pool)
+    configs = _our_configs(allocation, driver=driver)
+    by_device: dict[str, PlannedDevice] = {}
+    for result in results:
+        name = str(result.get("device"))
+        device = inventory.get(name)
+        if device is None:
+            raise PlanError(f"claim {ref}: allocated device {name} does not exist on this node")
+        request = str(result.get("request", ""))
+        config = resolve_config(ref, configs, request=request, device=device)
+        previous = by_device.get(name)
+        if previous is not None:
+            if previous.cdi.config != config:
+                raise PlanError(
+                    f"claim {ref}: device {name} is allocated for several requests "
+                    "with different configs"
+                )
+            requests = (*previous.requests, _base_request(request))
+            by_device[name] = replace(previous, requests=tuple(dict.fromkeys(requests)))
+            continue
+        share_id = result.get("shareID")
+        by_device[name] = PlannedDevice(
+            requests=(_base_request(request),),
+            pool=pool,
+            share_id=str(share_id) if share_id else None,
+            admin_access=bool(result.get("adminAccess")),
+            cdi=_claim_device(ref, device, config),
+        )
+    return ClaimPlan(ref=ref, devices=tuple(by_device.values()))

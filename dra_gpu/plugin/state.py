@@ -1,0 +1,353 @@
+"""The prepare/unprepare transaction of the kubelet plugin.
+
+Prepare, per claim (claims of one call are independent: each gets its own result or error):
+
+1. A claim already ``PrepareCompleted`` in the checkpoint gets the recorded answer again
+   (idempotent, and no API call, so a repeated prepare works while the API server is down).
+2. Fetch the claim (:class:`ClaimFetcher`), plan it (:func:`plan.plan_claim`: UID, allocation,
+   driver, pool, devices, config) and build its CDI spec: all pure, nothing written yet.
+3. Record ``PrepareStarted`` (refused if a device is held by another claim and not shared);
+   write the CDI spec; record ``PrepareCompleted`` durably; answer.
+
+Unprepare: remove the CDI spec, then drop the record durably. An unknown claim is success.
+
+Crash safety follows from that order, checked on :meth:`DeviceState.start`:
+a ``PrepareStarted`` record is a prepare the kubelet never got an answer for, so it is rolled
+back (spec removed, record dropped) and the kubelet's retry starts over; a completed claim whose
+spec is missing (or any completed claim after a reboot, i.e. a new boot ID, since /var/run is
+gone) gets its spec rebuilt from the record; a spec file of ours without a record is garbage of an
+interrupted prepare or unprepare and is removed, except after a corrupt checkpoint, when nothing
+is known and nothing is deleted. A corrupt checkpoint is reported (log and the injected
+``report``, which the process main turns into a Node event) and the plugin keeps serving.
+
+Concurrency: calls run on gRPC worker threads. The same claim is serialized by a per-claim lock;
+different claims run in parallel; the checkpoint's group commit makes the check for conflicting
+devices and the record atomic, also against another plugin instance (rolling update).
+
+Fault injection for crash tests is a collaborator: ``fault(step)`` is called after each step in
+:data:`FAULT_STEPS`; the process main injects one that SIGKILLs itself (``faults.from_env``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Final, Protocol
+
+from dra_gpu.config import ConfigError
+from dra_gpu.devices.model import Device
+from dra_gpu.plugin import cdi, cdi_host, records
+from dra_gpu.plugin.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    CheckpointCorrupt,
+    CheckpointError,
+    CheckpointStore,
+    ClaimRecord,
+    read_boot_id,
+)
+from dra_gpu.plugin.ids import ClaimUID
+from dra_gpu.plugin.plan import ClaimPlan, ClaimRef, PlanError, plan_claim
+from dra_gpu.plugin.records import PreparedDevice
+
+log = logging.getLogger(__name__)
+
+FAULT_STEPS: Final = (
+    "after-checkpoint-started",
+    "after-cdi-written",
+    "after-checkpoint-completed",
+    "unprepare-after-cdi-removed",
+    "unprepare-after-checkpoint-removed",
+)
+
+
+class ClaimFetcher(Protocol):
+    def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The ResourceClaim as API JSON, None if it does not exist; raises on other errors."""
+        ...
+
+
+Inventory = Callable[[], Mapping[str, Device]]
+Fault = Callable[[str], None]
+Report = Callable[[str, str], None]  # (reason, message): a warning about this node
+
+
+def _no_fault(step: str) -> None:
+    return None
+
+
+def _log_report(reason: str, message: str) -> None:
+    log.warning("%s: %s", reason, message)
+
+
+@dataclass(frozen=True)
+class StateSettings:
+    driver_name: str
+    node_name: str  # also the pool name
+    cdi_root: Path
+    state_dir: Path
+    simulated: bool
+    driver_root: Path = Path("/")
+    proc_root: Path = Path("/proc")
+    # The driver root as the container runtime sees it, when the plugin sees it elsewhere.
+    host_driver_root: PurePosixPath | None = None
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class StartReport:
+    rewritten: tuple[ClaimUID, ...] = ()
+    rolled_back: tuple[ClaimUID, ...] = ()
+    orphans_removed: tuple[ClaimUID, ...] = ()
+    problems: tuple[str, ...] = ()
+    corrupt: str | None = None
+
+
+@dataclass
+class _KeyedLocks:
+    """One lock per claim UID, dropped when nobody holds or waits for it."""
+
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+    _locks: dict[str, tuple[threading.Lock, int]] = field(default_factory=dict)
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
+class DeviceState:
+    """The handler behind the DRA gRPC services (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        settings: StateSettings,
+        inventory: Inventory,
+        claims: ClaimFetcher,
+        fault: Fault = _no_fault,
+        report: Report = _log_report,
+        boot_id: Callable[[], str] = read_boot_id,
+        store: CheckpointStore | None = None,
+    ) -> None:
+        self.settings = settings
+        self._inventory = inventory
+        self._claims = claims
+        self._fault = fault
+        self._report = report
+        self._boot_id = boot_id
+        self.store = store or CheckpointStore(settings.state_dir)
+        self._locks = _KeyedLocks()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="prepare")
+        self._real_base: cdi.RealNode | None = None
+
+    # --- the kubelet's calls ------------------------------------------------------------------
+
+    def prepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, PrepareResult]:
+        return dict(zip([r.uid for r in refs], self._each(self._prepare_one, refs), strict=True))
+
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, str]:
+        """Per claim UID an error message, "" on success."""
+        return dict(zip([r.uid for r in refs], self._each(self._unprepare_one, refs), strict=True))
+
+    def _each(self, fn: Callable[[ClaimRef], Any], refs: Sequence[ClaimRef]) -> list[Any]:
+        if len(refs) <= 1:
+            return [fn(r) for r in refs]
+        return list(self._pool.map(fn, refs))
+
+    def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
+        try:
+            with self._locks.hold(ref.uid):
+                return PrepareResult(devices=self._prepare_locked(ref))
+        except (PlanError, cdi.CDIError, ConfigError) as exc:
+            log.info("prepare %s (%s) failed: %s", ref, ref.uid, exc)
+            return PrepareResult(error=str(exc))
+        except Exception as exc:
+            return PrepareResult(error=self._unexpected("prepare", ref, exc))
+
+    def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        record = self.store.load().claims.get(ref.uid)
+        if record is not None and record.state == PREPARE_COMPLETED:
+            return records.prepared_devices(record)
+        claim = self._claims.get_claim(namespace=ref.namespace, name=ref.name)
+        if claim is None:
+            raise PlanError(f"claim {ref} not found in the API server")
+        plan = plan_claim(
+            ref,
+            claim,
+            driver=self.settings.driver_name,
+            pool=self.settings.node_name,
+            inventory=self._inventory(),
+        )
+        devices = [d.cdi for d in plan.devices]
+        spec = cdi.build_spec(
+            claim_uid=ref.uid, claim_ref=str(ref), devices=devices, node=self._node(devices)
+        )
+        self.store.update(self._record_started(plan), durable=False)
+        self._fault("after-checkpoint-started")
+        try:
+            cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
+            self._fault("after-cdi-written")
+            completed = records.claim_record(plan, state=PREPARE_COMPLETED)
+            self.store.update(lambda cp: cp.with_claim(ref.uid, completed), durable=True)
+        except Exception:
+            self._roll_back(ref.uid)
+            raise
+        self._fault("after-checkpoint-completed")
+        log.info("prepared %s (%s): %s", ref, ref.uid, ", ".join(d.cdi.name for d in plan.devices))
+        return records.prepared_devices(completed)
+
+    def _record_started(self, plan: ClaimPlan) -> Callable[[Checkpoint], Checkpoint]:
+        uid = plan.ref.uid
+
+        def mutate(checkpoint: Checkpoint) -> Checkpoint:
+            for other_uid, other in checkpoint.claims.items():
+                if other_uid == uid:
+                    continue
+                for planned in plan.devices:
+                    why = records.conflicts(planned, other_uid=other_uid, other=other)
+                    if why is not None:
+                        raise PlanError(f"claim {plan.ref}: {why}")
+            return checkpoint.with_claim(uid, records.claim_record(plan, state=PREPARE_STARTED))
+
+        return mutate
+
+    def _roll_back(self, uid: ClaimUID) -> None:
+        try:
+            cdi.remove_spec(self.settings.cdi_root, uid)
+            self.store.update(lambda cp: cp.without_claim(uid), durable=False)
+        except Exception:
+            log.exception("rolling back claim %s failed; the next start cleans it up", uid)
+
+    def _unprepare_one(self, ref: ClaimRef) -> str:
+        try:
+            with self._locks.hold(ref.uid):
+                known = ref.uid in self.store.load().claims
+                cdi.remove_spec(self.settings.cdi_root, ref.uid)
+                if not known:
+                    return ""  # never prepared here, or already unprepared
+                self._fault("unprepare-after-cdi-removed")
+                self.store.update(lambda cp: cp.without_claim(ref.uid), durable=True)
+                self._fault("unprepare-after-checkpoint-removed")
+                log.info("unprepared %s (%s)", ref, ref.uid)
+                return ""
+        except Exception as exc:
+            return self._unexpected("unprepare", ref, exc)
+
+    def _unexpected(self, what: str, ref: ClaimRef, exc: Exception) -> str:
+        if isinstance(exc, CheckpointCorrupt):
+            self._report("CheckpointCorrupt", str(exc))
+            return f"{what} {ref}: {exc}; retry"
+        if isinstance(exc, (CheckpointError, OSError)):
+            log.error("%s %s (%s) failed: %s", what, ref, ref.uid, exc)
+            return f"{what} {ref}: {exc}"
+        log.exception("%s %s (%s) failed unexpectedly", what, ref, ref.uid)
+        return f"{what} {ref}: internal error: {type(exc).__name__}: {exc}"
+
+    # --- node facts ---------------------------------------------------------------------------
+
+    def _node(self, devices: Sequence[cdi.ClaimDevice]) -> cdi.Node:
+        if self.settings.simulated:
+            return cdi.SimulatedNode()
+        s = self.settings
+        if self._real_base is None:
+            # Driver files and the device root do not change while the plugin runs.
+            self._real_base = cdi_host.read_real_node(
+                driver_root=s.driver_root, host_driver_root=s.host_driver_root
+            )
+        migs = [(d.minor, d.gi_id or 0, d.ci_id or 0) for d in devices if d.type == "mig"]
+        if not migs:
+            return self._real_base
+        return cdi.RealNode(
+            dev_root=self._real_base.dev_root,
+            driver_mounts=self._real_base.driver_mounts,
+            mig_caps=cdi_host.mig_caps(s.proc_root, migs),
+        )
+
+    # --- start --------------------------------------------------------------------------------
+
+    def start(self) -> StartReport:
+        """Restore after a restart or reboot (see the module docstring); never raises on state."""
+        corrupt: str | None = None
+        try:
+            checkpoint = self.store.load()
+        except CheckpointCorrupt as exc:
+            corrupt = str(exc)
+            self._report("CheckpointCorrupt", corrupt)
+            checkpoint = self.store.load()
+        boot = self._boot_id()
+        root = self.settings.cdi_root
+        cdi.remove_temp_files(root)
+        present = cdi.list_specs(root)
+        started = [ClaimUID(u) for u, r in checkpoint.claims.items() if r.state == PREPARE_STARTED]
+        for uid in started:
+            cdi.remove_spec(root, uid)
+        rebooted = checkpoint.boot_id not in ("", boot)
+        missing = {
+            ClaimUID(u): r
+            for u, r in checkpoint.claims.items()
+            if r.state == PREPARE_COMPLETED and (rebooted or u not in present)
+        }
+        rewritten, problems = self._restore_specs(missing)
+        orphans = [] if corrupt else [u for u in present if u not in checkpoint.claims]
+        for uid in orphans:
+            cdi.remove_spec(root, uid)
+
+        def settle(cp: Checkpoint) -> Checkpoint:
+            for uid in started:
+                cp = cp.without_claim(uid)
+            return cp.with_boot_id(boot)
+
+        self.store.update(settle, durable=True)
+        report = StartReport(
+            rewritten=tuple(rewritten),
+            rolled_back=tuple(started),
+            orphans_removed=tuple(orphans),
+            problems=tuple(problems),
+            corrupt=corrupt,
+        )
+        log.info("restored state: %s", report)
+        return report
+
+    def _restore_specs(
+        self, claims: Mapping[ClaimUID, ClaimRecord]
+    ) -> tuple[list[ClaimUID], list[str]]:
+        rewritten, problems = [], []
+        for uid, record in claims.items():
+            ref = f"{record.namespace}/{record.name}"
+            try:
+                devices = records.claim_devices(record)
+                node = self._node(devices)
+                spec = cdi.build_spec(claim_uid=uid, claim_ref=ref, devices=devices, node=node)
+                cdi.write_spec(self.settings.cdi_root, uid, spec)
+                rewritten.append(uid)
+            except (records.RecordIncomplete, ConfigError, cdi.CDIError, OSError) as exc:
+                problem = f"cannot restore the CDI spec of claim {ref} ({uid}): {exc}"
+                problems.append(problem)
+                self._report("CDISpecRestoreFailed", problem)
+        return rewritten, problems
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,100 @@
+"""ResourceClaim JSON as the API server returns it, a fake ClaimFetcher and a simulated node."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dra_gpu.devices.model import Device
+from dra_gpu.devices.naming import build_devices
+from dra_gpu.devices.simulated import SimulatedBackend, resolve_profile
+
+DRIVER = "gpu.nvidia.com"
+NODE = "node-a"
+API = "resource.nvidia.com/v1beta1"
+
+
+def inventory(profile: str = "a100x4-mig", node: str = NODE) -> dict[str, Device]:
+    gpus = SimulatedBackend(profile=resolve_profile(profile), node_name=node).discover().gpus
+    return {d.name: d for d in build_devices(gpus)}
+
+
+def result(
+    device: str,
+    request: str = "gpu",
+    *,
+    driver: str = DRIVER,
+    pool: str = NODE,
+    share_id: str | None = None,
+    admin: bool = False,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"request": request, "driver": driver, "pool": pool, "device": device}
+    if share_id:
+        out["shareID"] = share_id
+    if admin:
+        out["adminAccess"] = True
+    return out
+
+
+def config(
+    parameters: Mapping[str, Any],
+    *,
+    source: str = "FromClaim",
+    requests: Sequence[str] = (),
+    driver: str = DRIVER,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": parameters}}
+    if requests:
+        out["requests"] = list(requests)
+    return out
+
+
+def gpu_config(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "GpuConfig", **fields}
+
+
+def mig_config(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "MigDeviceConfig", **fields}
+
+
+def claim(
+    uid: str,
+    results: Sequence[Mapping[str, Any]] | None,
+    *,
+    name: str | None = None,
+    namespace: str = "default",
+    configs: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """A claim; ``results=None`` means not allocated."""
+    body: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name or f"claim-{uid}", "namespace": namespace, "uid": uid},
+        "spec": {"devices": {"requests": []}},
+        "status": {},
+    }
+    if results is not None:
+        body["status"]["allocation"] = {
+            "devices": {"results": list(results), "config": list(configs)}
+        }
+    return body
+
+
+class FakeFetcher:
+    """``state.ClaimFetcher`` over a dict; counts calls so tests can see cache hits."""
+
+    def __init__(self, *claims: Mapping[str, Any]) -> None:
+        self.claims: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self.calls = 0
+        for c in claims:
+            self.add(c)
+
+    def add(self, body: Mapping[str, Any]) -> None:
+        meta = body["metadata"]
+        self.claims[(meta["namespace"], meta["name"])] = body
+
+    def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
+        self.calls += 1
+        found = self.claims.get((namespace, name))
+        return copy.deepcopy(found) if found is not None else None

@@ -1,0 +1,175 @@
+"""Prepare's pure planning step: claim checks and opaque config resolution.
+
+Cases:
+- every bad input gives a PlanError naming the claim and the problem (UID mismatch, not
+  allocated, other driver, other node, unknown device, invalid configs, config of the wrong kind);
+- configs: class before claim, later wins, other drivers skipped, request scoping (also for
+  subrequests), defaults when none applies, normalized result;
+- results: base request names, share IDs, one device for two requests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fake_claims import (
+    DRIVER,
+    NODE,
+    claim,
+    config,
+    gpu_config,
+    inventory,
+    mig_config,
+    result,
+)
+
+from dra_gpu.plugin.ids import ClaimUID
+from dra_gpu.plugin.plan import ClaimRef, PlanError, plan_claim
+
+INVENTORY = inventory()
+MIG = "gpu-1-mig-1g5gb-19-2"
+REF = ClaimRef(uid=ClaimUID("uid-1"), namespace="default", name="claim-uid-1")
+
+
+def plan(body: dict[str, Any]):  # type: ignore[no-untyped-def]
+    return plan_claim(REF, body, driver=DRIVER, pool=NODE, inventory=INVENTORY)
+
+
+BAD = [
+    pytest.param(
+        claim("uid-2", [result("gpu-0")], name="claim-uid-1"),
+        "claim default/claim-uid-1 has UID uid-2, the kubelet asked for uid-1",
+        id="uid-mismatch",
+    ),
+    pytest.param(claim("uid-1", None), "claim default/claim-uid-1 is not allocated", id="unalloc"),
+    pytest.param(
+        claim("uid-1", [result("dev-0", driver="other.example.com")]),
+        "has no devices of driver gpu.nvidia.com (allocated: other.example.com)",
+        id="other-driver",
+    ),
+    pytest.param(
+        claim("uid-1", [result("gpu-0", pool="node-b")]),
+        "device gpu-0 is allocated from pool 'node-b', not from this node's pool 'node-a' "
+        "(allocation for another node)",
+        id="other-node",
+    ),
+    pytest.param(
+        claim("uid-1", [result("gpu-9")]),
+        "allocated device gpu-9 does not exist on this node",
+        id="unknown-device",
+    ),
+    pytest.param(
+        claim(
+            "uid-1",
+            [result("gpu-0")],
+            configs=[config(gpu_config(sharing={"strategy": "MPS", "x": 1}))],
+        ),
+        "config[0] (FromClaim): sharing.x: unknown field",
+        id="config-unknown-field",
+    ),
+    pytest.param(
+        claim("uid-1", [result("gpu-0")], configs=[config(gpu_config(sharing={"strategy": "X"}))]),
+        "sharing.strategy: must be one of 'TimeSlicing' or 'MPS', got 'X'",
+        id="unknown-strategy",
+    ),
+    pytest.param(
+        claim(
+            "uid-1",
+            [result("gpu-0")],
+            configs=[
+                config(
+                    gpu_config(
+                        sharing={"strategy": "MPS", "mpsConfig": {}, "timeSlicingConfig": {}}
+                    )
+                )
+            ],
+        ),
+        "sharing.timeSlicingConfig: must not be set when strategy is MPS",
+        id="both-subconfigs",
+    ),
+    pytest.param(
+        claim("uid-1", [result("gpu-0")], configs=[config(mig_config())]),
+        "a MigDeviceConfig cannot configure gpu-0, which is a full GPU (use GpuConfig)",
+        id="mig-config-on-gpu",
+    ),
+    pytest.param(
+        claim("uid-1", [result(MIG)], configs=[config(gpu_config(), source="FromClass")]),
+        f"config[0] (FromClass): a GpuConfig cannot configure {MIG}, which is a MIG device",
+        id="gpu-config-on-mig",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), BAD)
+def test_bad_claims_fail_with_a_clear_message(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(PlanError) as info:
+        plan(body)
+    assert message in str(info.value)
+
+
+def _interval(body: dict[str, Any], index: int = 0) -> str | None:
+    sharing = plan(body).devices[index].cdi.config.sharing
+    assert sharing is not None
+    ts = getattr(sharing, "timeSlicingConfig", None)
+    return ts.interval if ts else sharing.strategy
+
+
+def ts(interval: str) -> dict[str, Any]:
+    return gpu_config(
+        sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}
+    )
+
+
+CONFIGS = [
+    pytest.param([], "Default", id="default"),
+    pytest.param([config(ts("Long"))], "Long", id="claim"),
+    pytest.param(
+        [config(ts("Long")), config(ts("Short"), source="FromClass")], "Long", id="claim-over-class"
+    ),
+    pytest.param([config(ts("Long")), config(ts("Short"))], "Short", id="later-wins"),
+    pytest.param(
+        [config(ts("Long")), config({"anything": True}, driver="other.example.com")],
+        "Long",
+        id="other-driver-skipped",
+    ),
+    pytest.param([config(ts("Long"), requests=["other"])], "Default", id="other-request"),
+    pytest.param([config(ts("Long"), requests=["gpu"])], "Long", id="named-request"),
+    pytest.param([config(gpu_config(sharing={"strategy": "MPS"}))], "MPS", id="mps-normalized"),
+]
+
+
+@pytest.mark.parametrize(("configs", "expected"), CONFIGS)
+def test_config_resolution(configs: list[dict[str, Any]], expected: str) -> None:
+    assert _interval(claim("uid-1", [result("gpu-0")], configs=configs)) == expected
+
+
+def test_subrequest_uses_base_request_name_and_configs() -> None:
+    body = claim(
+        "uid-1",
+        [result("gpu-0", request="gpu/big")],
+        configs=[config(ts("Medium"), requests=["gpu/big"])],
+    )
+    planned = plan(body).devices[0]
+    assert planned.requests == ("gpu",)
+    assert _interval(body) == "Medium"
+    body["status"]["allocation"]["devices"]["config"] = [config(ts("Long"), requests=["gpu"])]
+    assert _interval(body) == "Long"
+
+
+def test_mig_device_facts_and_share_id() -> None:
+    planned = plan(claim("uid-1", [result(MIG, share_id="s-1", admin=True)])).devices[0]
+    assert (planned.share_id, planned.admin_access, planned.pool) == ("s-1", True, NODE)
+    device = planned.cdi
+    assert (device.type, device.minor, device.mig_profile) == ("mig", 1, "1g.5gb")
+    assert device.uuid == INVENTORY[MIG].uuid
+    assert (device.gi_id, device.ci_id) is not None
+
+
+def test_one_device_for_two_requests_is_prepared_once() -> None:
+    body = claim("uid-1", [result("gpu-0", "a"), result("gpu-0", "b"), result(MIG, "b")])
+    devices = plan(body).devices
+    assert [(d.cdi.name, d.requests) for d in devices] == [
+        ("gpu-0", ("a", "b")),
+        (MIG, ("b",)),
+    ]

@@ -1,0 +1,325 @@
+"""The prepare/unprepare transaction over a simulated node, a fake API and temp directories.
+
+Cases:
+- prepare returns per device its request names, pool, device, CDI IDs and share ID, writes a
+  valid CDI spec and a completed checkpoint record; a second prepare gives the same answer
+  without asking the API again; unprepare removes spec and record; both are idempotent;
+- claims in one call are independent; each bad input is that claim's error only;
+- a device prepared for one claim is refused to another unless both allocations share it;
+- start after a restart: interrupted prepares rolled back, missing specs rebuilt, every spec
+  rebuilt after a reboot (new boot ID), orphan specs removed, a corrupt checkpoint reported and
+  moved aside while specs are kept;
+- a crash at each fault step (the on-disk state at that moment, restarted): the repeated call
+  succeeds, no spec leaks or is duplicated, the checkpoint is valid;
+- many claims prepared in parallel all succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_claims import DRIVER, NODE, FakeFetcher, claim, config, gpu_config, inventory, result
+
+from dra_gpu.plugin import cdi, faults
+from dra_gpu.plugin.cdi_validate import validate_spec
+from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
+from dra_gpu.plugin.ids import ClaimUID
+from dra_gpu.plugin.plan import ClaimRef
+from dra_gpu.plugin.state import FAULT_STEPS, DeviceState, StateSettings
+
+INVENTORY = inventory()
+MIG = "gpu-1-mig-1g5gb-19-2"
+
+
+def ref(uid: str) -> ClaimRef:
+    return ClaimRef(uid=ClaimUID(uid), namespace="default", name=f"claim-{uid}")
+
+
+class Env:
+    """Directories, a fake API and a boot ID shared by the DeviceStates of one test."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.fetcher = FakeFetcher()
+        self.boot = "boot-1"
+        self.reports: list[tuple[str, str]] = []
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    def state(self, **kwargs: Any) -> DeviceState:
+        settings = StateSettings(
+            driver_name=DRIVER,
+            node_name=NODE,
+            cdi_root=self.cdi_root,
+            state_dir=self.state_dir,
+            simulated=True,
+        )
+        return DeviceState(
+            settings=settings,
+            inventory=lambda: INVENTORY,
+            claims=self.fetcher,
+            boot_id=lambda: self.boot,
+            report=lambda reason, msg: self.reports.append((reason, msg)),
+            **kwargs,
+        )
+
+    def specs(self) -> set[str]:
+        return set(cdi.list_specs(self.cdi_root))
+
+    def checkpoint_claims(self) -> dict[str, str]:
+        cp = CheckpointStore(self.state_dir).load()
+        return {uid: rec.state for uid, rec in cp.claims.items()}
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    yield Env(tmp_path)
+
+
+def test_prepare_answer_spec_and_record(env: Env) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0", "train"), result(MIG, "infer", share_id="s9")]))
+    state = env.state()
+    out = state.prepare([ref("u1")])
+    assert out[ClaimUID("u1")].error == ""
+    devices = out[ClaimUID("u1")].devices
+    assert [(d.request_names, d.pool_name, d.device_name, d.share_id) for d in devices] == [
+        (("train",), NODE, "gpu-0", None),
+        (("infer",), NODE, MIG, "s9"),
+    ]
+    assert devices[0].cdi_device_ids == ("k8s.gpu.nvidia.com/claim=u1-gpu-0",)
+    spec = json.loads(cdi.spec_path(env.cdi_root, ClaimUID("u1")).read_text())
+    assert validate_spec(spec) == []
+    assert "GPU_DEVICE_1=" + MIG in spec["devices"][1]["containerEdits"]["env"]
+    assert env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
+
+    assert state.prepare([ref("u1")]) == out, "prepare twice gives the same answer"
+    assert env.fetcher.calls == 1, "a completed claim is answered from the checkpoint"
+
+    assert state.unprepare([ref("u1")]) == {"u1": ""}
+    assert env.specs() == set() and env.checkpoint_claims() == {}
+    assert state.unprepare([ref("u1")]) == {"u1": ""}, "unprepare twice succeeds"
+    assert state.unprepare([ref("never")]) == {"never": ""}, "unknown claim is success"
+
+
+def test_sharing_settings_reach_the_container_env(env: Env) -> None:
+    mps = gpu_config(
+        sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 10}}
+    )
+    env.fetcher.add(claim("u1", [result("gpu-0")], configs=[config(mps)]))
+    env.state().prepare([ref("u1")])
+    env_vars = json.loads(cdi.spec_path(env.cdi_root, ClaimUID("u1")).read_text())["devices"][0][
+        "containerEdits"
+    ]["env"]
+    assert "GPU_DEVICE_0_SHARING_STRATEGY=MPS" in env_vars
+    assert "GPU_DEVICE_0_MPS_ACTIVE_THREAD_PERCENTAGE=10" in env_vars
+
+
+BAD_CLAIMS = [
+    pytest.param(None, "claim default/claim-bad not found", id="unknown-claim"),
+    pytest.param(
+        claim("other-uid", [result("gpu-0")], name="claim-bad"), "has UID other-uid", id="uid"
+    ),
+    pytest.param(claim("bad", None), "is not allocated", id="unallocated"),
+    pytest.param(
+        claim("bad", [result("gpu-0", pool="node-z")]), "allocation for another node", id="node"
+    ),
+    pytest.param(
+        claim("bad", [result("x", driver="other.io")]), "no devices of driver", id="driver"
+    ),
+    pytest.param(
+        claim("bad", [result("gpu-0")], configs=[config(gpu_config(bogus=1))]),
+        "bogus: unknown field",
+        id="config-unknown-field",
+    ),
+    pytest.param(
+        claim("bad", [result("gpu-0")], configs=[config(gpu_config(sharing={"strategy": "Z"}))]),
+        "sharing.strategy: must be one of",
+        id="unknown-strategy",
+    ),
+    pytest.param(
+        claim(
+            "bad",
+            [result("gpu-0")],
+            configs=[config(gpu_config(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}))],
+        ),
+        "sharing.mpsConfig: must not be set when strategy is TimeSlicing",
+        id="both-subconfigs",
+    ),
+    pytest.param(
+        claim(
+            "bad",
+            [result("gpu-0")],
+            configs=[
+                config({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"})
+            ],
+        ),
+        "a MigDeviceConfig cannot configure gpu-0, which is a full GPU",
+        id="mig-config-on-gpu",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), BAD_CLAIMS)
+def test_bad_claim_fails_alone(env: Env, body: dict[str, Any] | None, message: str) -> None:
+    env.fetcher.add(claim("good", [result("gpu-0")]))
+    if body is not None:
+        body["metadata"]["name"] = "claim-bad"
+        env.fetcher.add(body)
+    out = env.state().prepare([ref("bad"), ref("good")])
+    assert message in out[ClaimUID("bad")].error
+    assert out[ClaimUID("bad")].devices == ()
+    assert out[ClaimUID("good")].error == ""
+    assert env.specs() == {"good"} and env.checkpoint_claims() == {"good": PREPARE_COMPLETED}
+
+
+def test_device_of_another_claim_is_refused_unless_shared(env: Env) -> None:
+    env.fetcher.add(claim("a", [result("gpu-0")]))
+    env.fetcher.add(claim("b", [result("gpu-0")]))
+    state = env.state()
+    assert state.prepare([ref("a")])[ClaimUID("a")].error == ""
+    error = state.prepare([ref("b")])[ClaimUID("b")].error
+    assert "device gpu-0 is already prepared for claim default/claim-a (a) and is not shared" in (
+        error
+    )
+    assert env.specs() == {"a"}
+    state.unprepare([ref("a")])
+    env.fetcher.add(claim("a", [result("gpu-0", share_id="s1")]))
+    env.fetcher.add(claim("b", [result("gpu-0", share_id="s2")]))
+    out = state.prepare([ref("a"), ref("b")])
+    assert [out[ClaimUID(u)].error for u in ("a", "b")] == ["", ""]
+
+
+def test_start_recovers_after_restart_and_reboot(env: Env) -> None:
+    for uid in ("done", "lost-spec", "started"):
+        env.fetcher.add(
+            claim(
+                uid, [result({"done": "gpu-0", "lost-spec": MIG}.get(uid, "gpu-3-mig-3g20gb-9-0"))]
+            )
+        )
+    state = env.state()
+    state.prepare([ref("done"), ref("lost-spec")])
+    # An interrupted prepare: record PrepareStarted left behind, spec written.
+    crashing = env.state(fault=_raise_at("after-cdi-written"))
+    with pytest.raises(_Crash):
+        crashing.prepare([ref("started")])
+    cdi.spec_path(env.cdi_root, ClaimUID("lost-spec")).unlink()
+    orphan = cdi.spec_path(env.cdi_root, ClaimUID("orphan"))
+    orphan.write_text(cdi.spec_path(env.cdi_root, ClaimUID("done")).read_text())
+
+    report = env.state().start()
+    assert report.rolled_back == ("started",)
+    assert report.rewritten == ("lost-spec",)
+    assert report.orphans_removed == ("orphan",)
+    assert env.specs() == {"done", "lost-spec"}
+    assert env.checkpoint_claims() == {"done": PREPARE_COMPLETED, "lost-spec": PREPARE_COMPLETED}
+
+    shutil.rmtree(env.cdi_root)  # a reboot empties /var/run/cdi
+    env.boot = "boot-2"
+    report = env.state().start()
+    assert sorted(report.rewritten) == ["done", "lost-spec"]
+    for uid in ("done", "lost-spec"):
+        assert (
+            validate_spec(json.loads(cdi.spec_path(env.cdi_root, ClaimUID(uid)).read_text())) == []
+        )
+    assert env.state().start().rewritten == (), "same boot, specs present: nothing to do"
+
+
+def test_corrupt_checkpoint_is_reported_and_serving_continues(env: Env) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    env.fetcher.add(claim("u2", [result("gpu-1-mig-2g10gb-14-0")]))
+    env.state().prepare([ref("u1")])
+    (env.state_dir / "checkpoint.json").write_text("{not json")
+    report = env.state().start()
+    assert report.corrupt is not None and "moved aside to" in report.corrupt
+    assert [r for r, _ in env.reports] == ["CheckpointCorrupt"]
+    assert len(list(env.state_dir.glob("checkpoint.json.corrupt-*"))) == 1
+    assert env.specs() == {"u1"}, "specs of unknown claims are kept after corruption"
+    assert env.state().prepare([ref("u2")])[ClaimUID("u2")].error == ""
+
+
+class _Crash(BaseException):
+    """Stops the transaction like SIGKILL: no except clause of the plugin catches it."""
+
+
+def _raise_at(target: str):  # type: ignore[no-untyped-def]
+    def fault(step: str) -> None:
+        if step == target:
+            raise _Crash(step)
+
+    return fault
+
+
+def _snapshot_at(target: str, src: Path, dst: Path):  # type: ignore[no-untyped-def]
+    """Copy the on-disk state as it is at ``target``, then stop like a kill would."""
+
+    def fault(step: str) -> None:
+        if step == target:
+            shutil.copytree(src, dst)
+            raise _Crash(step)
+
+    return fault
+
+
+@pytest.mark.parametrize("step", FAULT_STEPS)
+def test_crash_at_each_step_then_restart(tmp_path: Path, step: str) -> None:
+    live, frozen = Env(tmp_path / "live"), Env(tmp_path / "frozen")
+    for e in (live, frozen):
+        e.fetcher.add(claim("u1", [result("gpu-0"), result(MIG, "mig")]))
+    (live.root).mkdir()
+    unprepare = step.startswith("unprepare")
+    if unprepare:
+        live.state().prepare([ref("u1")])
+    crashing = live.state(fault=_snapshot_at(step, live.root, frozen.root))
+    with pytest.raises(_Crash):
+        (crashing.unprepare if unprepare else crashing.prepare)([ref("u1")])
+
+    restarted = frozen.state()  # the process that comes back sees exactly the frozen disk
+    restarted.start()
+    if unprepare:
+        assert restarted.unprepare([ref("u1")]) == {"u1": ""}
+        assert frozen.specs() == set() and frozen.checkpoint_claims() == {}
+    else:
+        out = restarted.prepare([ref("u1")])[ClaimUID("u1")]
+        assert out.error == "" and len(out.devices) == 2
+        assert frozen.specs() == {"u1"}
+        assert frozen.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
+    assert [p.name for p in frozen.cdi_root.iterdir() if not p.name.endswith(".json")] == []
+
+
+def test_parallel_claims_all_prepare(env: Env) -> None:
+    names = [n for n in INVENTORY]
+    for i, name in enumerate(names):
+        env.fetcher.add(claim(f"u{i}", [result(name)]))
+    state = env.state()
+    results: dict[str, str] = {}
+
+    def work(i: int) -> None:
+        out = state.prepare([ref(f"u{i}")])
+        results[f"u{i}"] = out[ClaimUID(f"u{i}")].error
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(names))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {f"u{i}": "" for i in range(len(names))}
+    assert len(env.specs()) == len(names)
+    state.close()
+
+
+def test_fault_switch_from_env() -> None:
+    assert faults.from_env({})("after-cdi-written") is None
+    with pytest.raises(ValueError, match="not a step"):
+        faults.from_env({"DRA_GPU_FAULT": "nonsense"})
