@@ -16,8 +16,10 @@ import socket
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from dra_gpu.controller import admission, certs, electing, kube, leases, reconciling, serving
 
@@ -113,21 +115,34 @@ def _start_webhook(
 
 
 class _AlwaysLeader:
+    """Stands in for the elector with --no-leader-elect (a single replica)."""
+
     is_leader = True
 
 
-def _thread(name: str, target: object, *args: object) -> threading.Thread:
-    t = threading.Thread(target=target, args=args, name=name, daemon=True)  # type: ignore[arg-type]
+def _elector(args: argparse.Namespace, client: kube.Kube) -> electing.Elector:
+    try:
+        timing = leases.Timing(
+            args.lease_duration, args.renew_deadline, args.renew_period, args.retry_period
+        )
+    except ValueError as exc:
+        raise SystemExit(f"leader election timing: {exc}") from exc
+    store = electing.KubeLeaseStore(client, namespace=args.lease_namespace, name=args.lease_name)
+    log.info(
+        "leader election on lease %s/%s as %s", args.lease_namespace, args.lease_name, args.identity
+    )
+    return electing.Elector(
+        store, identity=args.identity, clock=electing.SystemClock(), timing=timing
+    )
+
+
+def _thread(name: str, target: Callable[..., None], *args: Any, **kwargs: Any) -> threading.Thread:
+    t = threading.Thread(target=target, args=args, kwargs=kwargs, name=name, daemon=True)
     t.start()
     return t
 
 
-def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    stop = threading.Event()
-
+def _install_signal_handlers(stop: threading.Event) -> None:
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("%s received, stopping", signal.Signals(signum).name)
         stop.set()
@@ -135,57 +150,49 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stop, elector_stop, wake = threading.Event(), threading.Event(), threading.Event()
+    _install_signal_handlers(stop)
     webhook = _start_webhook(args) if args.webhook_port is not None else None
-    client = kube.Kube.connect(args.kubeconfig)
+    try:
+        client = kube.Kube.connect(args.kubeconfig)
+    except Exception as exc:
+        raise SystemExit(f"cannot load Kubernetes credentials: {exc}") from exc
     source = reconciling.ClassSource(
         path=args.config, extended_resource_name=args.extended_resource_name
     )
     source.poll()
-    wake = threading.Event()
-    elector_stop = threading.Event()
     elector: electing.Elector | _AlwaysLeader = _AlwaysLeader()
-    threads = []
+    elector_thread = None
     if args.leader_elect:
-        timing = leases.Timing(
-            args.lease_duration, args.renew_deadline, args.renew_period, args.retry_period
-        )
-        store = electing.KubeLeaseStore(
-            client, namespace=args.lease_namespace, name=args.lease_name
-        )
-        elector = electing.Elector(
-            store, identity=args.identity, clock=electing.SystemClock(), timing=timing
-        )
-        log.info(
-            "leader election on lease %s/%s as %s",
-            args.lease_namespace,
-            args.lease_name,
-            args.identity,
-        )
-        threads.append(_thread("elector", elector.run, elector_stop, lambda leading: wake.set()))
-
-    def is_leader() -> bool:
-        return elector.is_leader
-
-    reconciler = reconciling.Reconciler(client, source)
-    watcher = _thread("watch", reconciling.watch_classes, client, stop, wake.set)
-    loop = threading.Thread(
-        target=reconciling.run,
-        name="reconcile",
-        daemon=True,
-        args=(reconciler, source),
-        kwargs={"stop": stop, "wake": wake, "is_leader": is_leader, "resync_s": args.resync_period},
+        elector = _elector(args, client)
+        elector_thread = _thread("elector", elector.run, elector_stop, lambda _: wake.set())
+    # The watch thread is a daemon left to die with the process: it may sit in a long request.
+    _thread("watch", reconciling.watch_classes, client, stop, wake.set)
+    loop = _thread(
+        "reconcile",
+        reconciling.run,
+        reconciling.Reconciler(client, source),
+        source,
+        stop=stop,
+        wake=wake,
+        is_leader=lambda: elector.is_leader,
+        resync_s=args.resync_period,
     )
-    loop.start()
     wake.set()
     while not stop.wait(10.0):
         if webhook is not None:
             webhook[1].maybe_reload()
+    # Order matters: stop writing, then release the Lease, then stop admitting.
     loop.join(timeout=30)
     elector_stop.set()
-    for t in threads:
-        t.join(timeout=10)
+    if elector_thread is not None:
+        elector_thread.join(timeout=10)
     if webhook is not None:
         webhook[0].stop()
-    del watcher  # daemon; ends with the process (its request may be blocked on the network)
     log.info("stopped")
     return 0

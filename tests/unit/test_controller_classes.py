@@ -127,3 +127,24 @@ def test_accepted_server_form_is_not_fought_over() -> None:
     assert classes.plan([gpu, mig], existing).steps != ()
     accepted = {classes.spec_key(gpu.spec): classes.spec_key(dropped)}
     assert classes.plan([gpu, mig], existing, accepted=accepted).steps == ()
+
+
+@pytest.mark.parametrize(
+    "module", ["admission", "classes", "classfile", "leases", "registration", "selectors"]
+)
+def test_pure_modules_do_not_import_the_api_client(module: str) -> None:
+    import ast
+    from pathlib import Path
+
+    import dra_gpu.controller
+
+    source = Path(dra_gpu.controller.__file__).with_name(f"{module}.py").read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module or "")
+            imported.update(f"{node.module}.{a.name}" for a in node.names)
+    assert not {m for m in imported if m.split(".")[0] in ("kubernetes", "grpc", "urllib3")}
+    assert "dra_gpu.controller.kube" not in imported
