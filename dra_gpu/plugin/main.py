@@ -13,12 +13,15 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from dra_gpu.plugin import settings as plugin_settings
 
 if TYPE_CHECKING:
+    from dra_gpu.devices.model import Device
+    from dra_gpu.plugin.kubeapi import KubeClient
     from dra_gpu.plugin.node_plugin import DraRegistrar
 
 log = logging.getLogger("dra_gpu.plugin")
@@ -35,15 +38,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(func=run)
 
 
-def dra_registrar(settings: plugin_settings.Settings) -> DraRegistrar:
-    """The function that adds the DRA services to a server.
+def dra_registrar(
+    settings: plugin_settings.Settings,
+    *,
+    client: KubeClient,
+    inventory: Callable[[], Mapping[str, Device]],
+) -> DraRegistrar:
+    """The function that restores prepare state and adds the DRA services to a server."""
+    from dra_gpu.plugin import dra_service
 
-    Until the prepare state machine is part of the build, the placeholder refuses every claim.
-    """
-    from dra_gpu.plugin import dra_placeholder
-
-    log.warning("prepare is not available in this build: every claim will be refused")
-    return dra_placeholder.register
+    state = dra_service.make_state(
+        driver_name=settings.driver_name,
+        node_name=settings.node_name,
+        cdi_root=settings.cdi_root,
+        state_dir=settings.state_dir,
+        simulated=settings.simulate is not None,
+        driver_root=settings.driver_root,
+        inventory=inventory,
+        client=client,
+    )
+    return dra_service.registrar(state)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,9 +96,16 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         log.error("cannot start: %s", err)
         return 1
     store = kubeapi.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
-    plugin = node_plugin.NodePlugin(
-        settings, store=store, devices=devices, register_dra=dra_registrar(settings)
-    )
+    # Prepare looks devices up in the latest inventory (the profile file may change).
+    current = {d.name: d for d in devices}
+    registrar = dra_registrar(settings, client=client, inventory=lambda: current)
+    plugin = node_plugin.NodePlugin(settings, store=store, devices=devices, register_dra=registrar)
+
+    def set_devices(new: Sequence[Device]) -> None:
+        nonlocal current
+        current = {d.name: d for d in new}
+        plugin.set_devices(new)
+
     log.info(
         "starting: node %s, driver %s, %d devices%s",
         settings.node_name,
@@ -97,7 +118,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         watched = inventory.profile_file(settings.simulate)
         if watched is not None:
             inventory.FileWatcher(
-                path=watched, node_name=settings.node_name, listener=plugin.set_devices
+                path=watched, node_name=settings.node_name, listener=set_devices
             ).start(plugin.stop_event)
         while not stop.wait(0.5):
             pass
