@@ -10,7 +10,8 @@ to send back. It never raises on bad input: a malformed review gets a refusal na
 - Warnings (allowed, flagged to the user by kubectl): selectors referencing attribute or
   capacity names the driver never publishes (:mod:`selectors`), in ``exactly.selectors`` and in
   ``firstAvailable[].selectors`` (and the request-level ``selectors`` of older API versions).
-- Configs of other drivers, deletes and other kinds are allowed untouched.
+- Configs of other drivers, deletes, other kinds, and updates that leave the device spec as it
+  was (finalizer and label changes) are allowed untouched.
 """
 
 from __future__ import annotations
@@ -119,6 +120,13 @@ def review(admission_review: Mapping[str, Any]) -> JSON:
     prefix, devices = _devices(kind, _field(request, "object"))
     if devices is None:
         return _response(uid, problems=[], warnings=[])
+    if _field(request, "operation") == "UPDATE":
+        _, old_devices = _devices(kind, _field(request, "oldObject"))
+        if old_devices == devices:
+            # Metadata-only update (a finalizer removed by the resourceclaim controller): a claim
+            # admitted before this webhook existed must stay deletable, and unchanged selectors
+            # were already warned about.
+            return _response(uid, problems=[], warnings=[])
     return _response(
         uid,
         problems=config_problems(devices, prefix),

@@ -180,3 +180,16 @@ def test_allowed_untouched(review: dict[str, Any]) -> None:
 def test_malformed_review_is_refused(review: dict[str, Any]) -> None:
     r = response(review)
     assert r["allowed"] is False and "request.uid" in r["status"]["message"]
+
+
+def test_update_leaving_devices_unchanged_is_allowed_even_if_invalid() -> None:
+    devices = {"requests": [request([BAD_NAME])], "config": [opaque({**GPU_CONFIG, "x": 1})]}
+    review = claim_review(devices, operation="UPDATE")
+    review["request"]["oldObject"] = review["request"]["object"]
+    assert response(review) == {"uid": "abc-123", "allowed": True}
+
+
+def test_update_changing_devices_is_checked() -> None:
+    review = claim_review({"config": [opaque({**GPU_CONFIG, "x": 1})]}, operation="UPDATE")
+    review["request"]["oldObject"] = {"spec": {"devices": {}}}
+    assert response(review)["allowed"] is False
