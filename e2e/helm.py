@@ -1,0 +1,171 @@
+"""Helm, built from its Go module, and rendering the project's chart with it.
+
+- ``ensure_helm()`` builds ``helm.sh/helm/v3/cmd/helm`` from the wrapper module ``e2e/gomod/helm``
+  (its go.mod pins the version: the one place to change it) into the version-keyed cache
+  ``<cache>/helm-<version>/helm`` (cache root ``~/.cache/dra-gpu``, or ``$DRA_GPU_CACHE``), only
+  when it is missing. The build writes into ``.tmp/`` and is renamed into place, so an interrupted
+  build never leaves a binary that a later run would trust; a file lock serializes builders.
+- ``render()`` runs ``helm template`` with a pinned ``--kube-version``, so the output depends only
+  on the chart and the values (the committed plain manifests are compared with it byte for byte).
+
+CLI: ``python -m e2e.helm`` prints the helm path (building it first when needed);
+``python -m e2e.helm render`` rewrites ``manifests/rendered/`` from the chart.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from e2e.binaries import cache_root
+
+GOMOD = Path(__file__).resolve().parent / "gomod" / "helm"
+MODULE = "helm.sh/helm/v3"
+PACKAGE = "helm.sh/helm/v3/cmd/helm"
+CHART = Path(__file__).resolve().parent.parent / "manifests" / "helm" / "dra-gpu"
+RENDERED_DIR = CHART.parent.parent / "rendered"
+# The plain manifests committed for users without Helm: file name -> values. Each includes the
+# Namespace object, so `kubectl apply -f <file>` is the whole install.
+RENDERED: Mapping[str, Mapping[str, str | bool | int]] = {
+    "dra-gpu.yaml": {"namespace.create": True},
+    "dra-gpu-simulated.yaml": {"namespace.create": True, "simulate.enabled": True},
+}
+# The Kubernetes version the chart is rendered for: `.Capabilities` must not depend on which helm
+# built the output, or the committed manifests would drift with the helm version.
+KUBE_VERSION = "1.37.2"
+
+
+def helm_version(gomod: Path = GOMOD / "go.mod") -> str:
+    """The helm version the wrapper module requires."""
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(MODULE)}\s+(v\S+)", gomod.read_text(), re.M)
+    if match is None:
+        raise ValueError(f"{gomod} does not require {MODULE}")
+    return match.group(1)
+
+
+def helm_path() -> Path:
+    return cache_root() / f"helm-{helm_version()}" / "helm"
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _log(message: str) -> None:
+    print(f"[helm] {message}", file=sys.stderr, flush=True)
+
+
+def _go_build(version: str, out: Path) -> None:
+    """``go build -v`` with a progress line every 15 s (a cold build compiles ~600 packages)."""
+    ldflags = (
+        f"-s -w -X helm.sh/helm/v3/internal/version.version={version} "
+        "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+    )
+    cmd = ["go", "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(out), PACKAGE]
+    env = {**os.environ, "CGO_ENABLED": "0"}
+    start = last = time.monotonic()
+    compiled = 0
+    tail: list[str] = []
+    with subprocess.Popen(
+        cmd, cwd=GOMOD, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+    ) as proc:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            compiled += 1
+            tail = [*tail[-19:], line.rstrip()]
+            if time.monotonic() - last >= 15:
+                last = time.monotonic()
+                _log(f"... {compiled} packages, {last - start:.0f} s")
+    if proc.returncode != 0:
+        raise RuntimeError(f"building helm {version} failed:\n" + "\n".join(tail))
+
+
+def ensure_helm() -> Path:
+    """The helm binary; builds it into the cache when missing (minutes cold, once)."""
+    target = helm_path()
+    if target.is_file():
+        return target
+    version = helm_version()
+    with _locked(target.parent):
+        if target.is_file():  # another process built it while we waited
+            return target
+        _log(f"building helm {version} from the Go module proxy (once, into {target.parent})")
+        start = time.monotonic()
+        tmp = target.parent / ".tmp" / "helm"
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        _go_build(version, tmp)
+        os.replace(tmp, target)
+        _log(f"built {target} in {time.monotonic() - start:.0f} s")
+    return target
+
+
+def render(
+    *,
+    release: str = "dra-gpu",
+    namespace: str = "dra-gpu",
+    set_values: Mapping[str, str | bool | int] | None = None,
+    values_files: Sequence[Path] = (),
+    chart: Path = CHART,
+    helm: Path | None = None,
+) -> str:
+    """``helm template`` of ``chart``: the multi-document YAML it prints."""
+    cmd = [
+        str(helm or ensure_helm()),
+        "template",
+        release,
+        str(chart),
+        "--namespace",
+        namespace,
+        "--kube-version",
+        KUBE_VERSION,
+    ]
+    for path in values_files:
+        cmd += ["--values", str(path)]
+    for key, value in (set_values or {}).items():
+        if isinstance(value, str):
+            cmd += ["--set-string", f"{key}={value}"]
+        else:  # bool before int: True must become `true`, not `1`
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            cmd += ["--set", f"{key}={text}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"helm template failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def render_committed() -> dict[Path, str]:
+    """What each file of ``manifests/rendered/`` must contain (path -> text)."""
+    header = "# Rendered from manifests/helm/dra-gpu by `python -m e2e.helm render`; do not edit.\n"
+    return {
+        RENDERED_DIR / name: header + render(set_values=values) for name, values in RENDERED.items()
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["render"]:
+        for path, text in render_committed().items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+        return 0
+    if args:
+        print("usage: python -m e2e.helm [render]", file=sys.stderr)
+        return 2
+    print(ensure_helm())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "dra-gpu.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dra-gpu.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "dra-gpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "dra-gpu.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "dra-gpu.pluginName" -}}
+{{- printf "%s-kubelet-plugin" (include "dra-gpu.fullname" .) -}}
+{{- end -}}
+
+{{- define "dra-gpu.controllerName" -}}
+{{- printf "%s-controller" (include "dra-gpu.fullname" .) -}}
+{{- end -}}
+
+{{- define "dra-gpu.webhookName" -}}
+{{- printf "%s-webhook" (include "dra-gpu.fullname" .) -}}
+{{- end -}}
+
+{{- define "dra-gpu.webhookSecret" -}}
+{{- .Values.webhook.tls.secretName | default (printf "%s-webhook-tls" (include "dra-gpu.fullname" .)) -}}
+{{- end -}}
+
+{{- define "dra-gpu.pluginDataDir" -}}
+{{- printf "%s/plugins/%s" (trimSuffix "/" .Values.kubeletPlugin.kubeletDir) .Values.driverName -}}
+{{- end -}}

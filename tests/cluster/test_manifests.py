@@ -1,0 +1,386 @@
+"""The Helm chart and the plain manifests, against a real API server.
+
+Cases:
+- the committed plain manifests (``manifests/rendered/``) are exactly what the chart renders;
+- every object the chart renders is accepted by the API server (server-side dry-run), for the
+  default values, simulated GPUs, and both ways of getting the webhook certificate;
+- the ValidatingAdmissionPolicy: a token of the plugin's ServiceAccount bound to node A may
+  create, update and delete node A's ResourceSlice and is refused node B's (create, update,
+  delete, and moving a slice from A to B); a token bound to no node writes nothing;
+- the plugin's RBAC is enough for the real kubelet plugin: run with a node-bound token of its
+  ServiceAccount, it publishes its node's devices.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e import helm
+from e2e.cluster import Cluster
+
+DRIVER = "gpu.nvidia.com"
+POLICY_NS = "dra-gpu-policy"
+PLUGIN_SA = "dra-gpu-kubelet-plugin"
+WAIT_S = 60.0
+
+CERT_MANAGER_CRDS = [
+    {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.cert-manager.io"},
+        "spec": {
+            "group": "cert-manager.io",
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    for kind, plural in (("Certificate", "certificates"), ("Issuer", "issuers"))
+]
+
+
+def _wait(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def test_committed_plain_manifests_match_the_chart() -> None:
+    for path, text in helm.render_committed().items():
+        assert path.is_file(), f"{path} is missing: run python -m e2e.helm render"
+        assert path.read_text() == text, f"{path} is stale: run python -m e2e.helm render"
+
+
+@pytest.fixture(scope="module")
+def namespace(cluster: Cluster) -> str:
+    cluster.create_namespace("dra-gpu")
+    return "dra-gpu"
+
+
+@pytest.fixture(scope="module")
+def cert_manager_crds(cluster: Cluster) -> None:
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"kind": "List", "apiVersion": "v1", "items": CERT_MANAGER_CRDS}),
+    )
+    for crd in CERT_MANAGER_CRDS:
+        cluster.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}"
+        )
+
+
+VARIANTS: dict[str, dict[str, str | bool | int]] = {
+    "defaults": {},
+    "simulated": {"simulate.enabled": True},
+    "webhook-secret": {
+        "webhook.enabled": True,
+        "webhook.tls.caBundle": base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode(),
+        "controller.deviceClasses.classes[0].name": "h200.nvidia.com",
+        "controller.deviceClasses.classes[0].productName": "NVIDIA H200",
+        "controller.extendedResourceName": "nvidia.com/gpu",
+        "kubeletPlugin.stateDir": "/var/lib/dra-gpu",
+    },
+    "webhook-cert-manager": {"webhook.enabled": True, "webhook.certManager.enabled": True},
+}
+
+
+@pytest.mark.parametrize("values", VARIANTS.values(), ids=VARIANTS.keys())
+def test_api_server_accepts_every_rendered_object(
+    cluster: Cluster, namespace: str, cert_manager_crds: None, values: dict[str, Any]
+) -> None:
+    rendered = helm.render(namespace=namespace, set_values={"namespace.create": True, **values})
+    kinds = {doc["kind"] for doc in _docs(rendered)}
+    assert {"DaemonSet", "Deployment", "ValidatingAdmissionPolicy"} <= kinds
+    out = cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--field-manager=dra-gpu-test",
+        "-f",
+        "-",
+        input=rendered,
+    )
+    applied = [line for line in out.splitlines() if "serverside-applied" in line]
+    assert len(applied) == len(_docs(rendered)), out
+
+
+def test_webhook_without_a_certificate_source_does_not_render() -> None:
+    with pytest.raises(RuntimeError, match="caBundle"):
+        helm.render(set_values={"webhook.enabled": True})
+
+
+# ----- the ValidatingAdmissionPolicy ------------------------------------------------------
+
+
+def _slice(node: str, *, name: str | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name or f"{node}-{DRIVER}-test"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+class SliceClient:
+    """ResourceSlice calls with a bearer token; returns the HTTP status and message."""
+
+    def __init__(self, cluster: Cluster, token: str) -> None:
+        from kubernetes import client
+
+        config = client.Configuration()
+        config.host = cluster.server
+        config.ssl_ca_cert = str(cluster.ca_cert)
+        config.api_key = {"authorization": f"Bearer {token}"}
+        self._api = client.ApiClient(config)
+        self._custom = client.CustomObjectsApi(self._api)
+
+    def close(self) -> None:
+        self._api.close()
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, str]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            fn("resource.k8s.io", "v1", "resourceslices", *args, _request_timeout=30, **kwargs)
+        except ApiException as exc:
+            message = json.loads(exc.body).get("message", "") if exc.body else str(exc)
+            return exc.status, message
+        return 200, ""
+
+    def create(self, body: dict[str, Any], *, dry_run: bool = False) -> tuple[int, str]:
+        extra = {"dry_run": "All"} if dry_run else {}
+        return self._call(self._custom.create_cluster_custom_object, body, **extra)
+
+    def replace(self, body: dict[str, Any]) -> tuple[int, str]:
+        return self._call(
+            self._custom.replace_cluster_custom_object, body["metadata"]["name"], body
+        )
+
+    def delete(self, name: str) -> tuple[int, str]:
+        return self._call(self._custom.delete_cluster_custom_object, name)
+
+    def who_am_i(self) -> dict[str, Any]:
+        from kubernetes import client
+
+        review = client.AuthenticationV1Api(self._api).create_self_subject_review(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        )
+        info: dict[str, Any] = self._api.sanitize_for_serialization(review.status.user_info)
+        return info
+
+
+def _token(cluster: Cluster, *, node: dict[str, Any] | None) -> str:
+    from kubernetes import client
+
+    spec: dict[str, Any] = {"expirationSeconds": 3600}
+    if node is not None:
+        spec["boundObjectRef"] = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": node["metadata"]["name"],
+            "uid": node["metadata"]["uid"],
+        }
+    with contextlib.closing(cluster.api_client()) as api:
+        answer = client.CoreV1Api(api).create_namespaced_service_account_token(
+            PLUGIN_SA,
+            POLICY_NS,
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+        )
+    token: str = answer.status.token
+    return token
+
+
+@pytest.fixture(scope="module")
+def plugin_identity(cluster: Cluster) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """The chart's ServiceAccount, RBAC and policy applied for real; two registered nodes."""
+    cluster.create_namespace(POLICY_NS)
+    rendered = helm.render(namespace=POLICY_NS, set_values={"simulate.enabled": True})
+    wanted = {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    objects = [doc for doc in _docs(rendered) if doc["kind"] in wanted]
+    manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    cluster.kubectl("apply", "-f", "-", input=manifest)
+    node_a = cluster.register_node("policy-node-a")
+    node_b = cluster.register_node("policy-node-b")
+    yield node_a, node_b
+    cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest)
+    for node in ("policy-node-a", "policy-node-b"):
+        cluster.kubectl(
+            "delete",
+            "resourceslices",
+            "--ignore-not-found",
+            f"--field-selector=spec.nodeName={node}",
+        )
+
+
+@pytest.fixture
+def as_node_a(
+    cluster: Cluster, plugin_identity: tuple[dict[str, Any], dict[str, Any]]
+) -> Iterator[SliceClient]:
+    node_a, _node_b = plugin_identity
+    slices = SliceClient(cluster, _token(cluster, node=node_a))
+    # RBAC and the policy take effect asynchronously: wait until both are in force.
+    _wait(
+        lambda: slices.create(_slice("policy-node-a"), dry_run=True)[0] == 200,
+        "RBAC to let the plugin create slices",
+    )
+    _wait(
+        lambda: slices.create(_slice("policy-node-b"), dry_run=True)[0] == 403,
+        "the ValidatingAdmissionPolicy to refuse other nodes' slices",
+    )
+    yield slices
+    slices.close()
+
+
+def test_node_bound_token_carries_the_node_name(as_node_a: SliceClient) -> None:
+    info = as_node_a.who_am_i()
+    assert info["username"] == f"system:serviceaccount:{POLICY_NS}:{PLUGIN_SA}"
+    assert info["extra"]["authentication.kubernetes.io/node-name"] == ["policy-node-a"]
+
+
+def test_plugin_writes_its_own_nodes_slice(as_node_a: SliceClient) -> None:
+    own = _slice("policy-node-a")
+    assert as_node_a.create(own) == (200, "")
+    own["spec"]["devices"].append({"name": "gpu-1"})
+    own["spec"]["pool"]["generation"] = 2
+    assert as_node_a.replace(own) == (200, "")
+    assert as_node_a.delete(own["metadata"]["name"]) == (200, "")
+
+
+def test_plugin_is_refused_another_nodes_slice(cluster: Cluster, as_node_a: SliceClient) -> None:
+    status, message = as_node_a.create(_slice("policy-node-b"))
+    assert status == 403
+    assert "may only write ResourceSlices of its own node" in message
+    assert "policy-node-b" in message
+
+    # A slice of node B made by an administrator: node A's plugin can neither change nor delete it.
+    other = _slice("policy-node-b")
+    cluster.kubectl("create", "-f", "-", input=json.dumps(other))
+    try:
+        other["spec"]["devices"] = []
+        status, message = as_node_a.replace(other)
+        assert status == 403 and "policy-node-b" in message
+        status, message = as_node_a.delete(other["metadata"]["name"])
+        assert status == 403 and "policy-node-b" in message
+    finally:
+        cluster.kubectl("delete", "resourceslice", other["metadata"]["name"])
+
+
+def test_plugin_cannot_move_its_slice_to_another_node(as_node_a: SliceClient) -> None:
+    own = _slice("policy-node-a", name="policy-move-test")
+    assert as_node_a.create(own) == (200, "")
+    try:
+        own["spec"]["nodeName"] = "policy-node-b"
+        status, message = as_node_a.replace(own)
+        assert status in (403, 422), message  # nodeName may also be immutable in the API
+    finally:
+        assert as_node_a.delete("policy-move-test") == (200, "")
+
+
+def test_token_bound_to_no_node_writes_nothing(cluster: Cluster, as_node_a: SliceClient) -> None:
+    unbound = SliceClient(cluster, _token(cluster, node=None))
+    try:
+        status, message = unbound.create(_slice("policy-node-a"), dry_run=True)
+    finally:
+        unbound.close()
+    assert status == 403
+    assert "carries no node name" in message
+
+
+def test_plugin_publishes_with_only_the_charts_permissions(
+    cluster: Cluster, as_node_a: SliceClient, tmp_path: Path
+) -> None:
+    from e2e.driver import PluginProcess
+
+    kubeconfig = tmp_path / "plugin.kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "local",
+                        "cluster": {
+                            "server": cluster.server,
+                            "certificate-authority": str(cluster.ca_cert),
+                        },
+                    }
+                ],
+                "users": [
+                    {
+                        "name": "plugin",
+                        "user": {
+                            "token": _token(cluster, node=cluster.register_node("policy-node-a"))
+                        },
+                    }
+                ],
+                "contexts": [{"name": "plugin", "context": {"cluster": "local", "user": "plugin"}}],
+                "current-context": "plugin",
+            }
+        )
+    )
+    plugin = PluginProcess.simulated(
+        tmp_path, node_name="policy-node-a", kubeconfig=kubeconfig, profile="h200x8"
+    )
+    plugin.start()
+    try:
+
+        def published() -> bool:
+            if not plugin.alive():
+                raise AssertionError(f"the plugin exited:\n{plugin.log_tail()}")
+            out = cluster.kubectl(
+                "get",
+                "resourceslices",
+                "-o",
+                "json",
+                "--field-selector=spec.nodeName=policy-node-a",
+            )
+            items = json.loads(out)["items"]
+            return sum(len(s["spec"].get("devices", [])) for s in items) == 8
+
+        try:
+            _wait(published, "the plugin to publish node A's 8 simulated GPUs")
+        except AssertionError:
+            raise AssertionError(plugin.log_tail()) from None
+    finally:
+        plugin.stop()
