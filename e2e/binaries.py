@@ -317,6 +317,8 @@ def _build_step(step: BuildStep, versions: Versions, *, log: Log) -> None:
         if not todo:
             return
         step = BuildStep(tuple(todo), step.module, step.cgo)
+        for stale in out.glob(".build-*"):  # left by a build that was killed; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
         src = module_dir(step.module, version, log=log)
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
         env = {**os.environ, "CGO_ENABLED": "1" if step.cgo else "0"}

@@ -131,6 +131,8 @@ class Cluster:
         self._nodes_lock = threading.Lock()
         self._stop_heartbeat = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        # Seconds from the first process start to each component being ready (last up()).
+        self.startup_seconds: dict[str, float] = {}
 
     # ----- paths and identity -------------------------------------------------------------
 
@@ -174,18 +176,7 @@ class Cluster:
         )
         self._write_identities()
         try:
-            self._start(ETCD)
-            self._wait_healthy(ETCD)
-            self._start(APISERVER)
-            self._wait_healthy(APISERVER)
-            self._start(CONTROLLER_MANAGER)
-            self._start(SCHEDULER)
-            self._wait_healthy(CONTROLLER_MANAGER)
-            self._wait_healthy(SCHEDULER)
-            self._wait_for(
-                lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default") == 200,
-                what="the default ServiceAccount (created by the controller-manager)",
-            )
+            self._boot()
         except BaseException as exc:
             tail = self.logs()
             self.down(remove_workdir=False)
@@ -195,6 +186,36 @@ class Cluster:
         self._heartbeat = threading.Thread(target=self._renew_leases, daemon=True)
         self._heartbeat.start()
         return self
+
+    def _boot(self) -> None:
+        """Start the components in dependency order, recording when each became ready."""
+        start = time.monotonic()
+        self.startup_seconds.clear()
+
+        def mark(phase: str) -> None:
+            self.startup_seconds[phase] = round(time.monotonic() - start, 2)
+
+        self._start(ETCD)
+        self._wait_healthy(ETCD)
+        mark(ETCD)
+        self._start(APISERVER)
+        self._wait_healthy(APISERVER)
+        mark(APISERVER)
+        self._start(CONTROLLER_MANAGER)
+        self._start(SCHEDULER)
+        self._wait_healthy(CONTROLLER_MANAGER)
+        mark(CONTROLLER_MANAGER)
+        self._wait_healthy(SCHEDULER)
+        mark(SCHEDULER)
+        # Pods need their ServiceAccount to exist. The controller-manager's serviceaccount
+        # controller creates `default` seconds after it reports healthy; creating it here (the
+        # controller then finds it present) makes the cluster usable that much sooner.
+        sa = b'{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"default"}}'
+        self._wait_for(
+            lambda: self._post("/api/v1/namespaces/default/serviceaccounts", sa) in (201, 409),
+            what="the default ServiceAccount",
+        )
+        mark("default-serviceaccount")
 
     def down(self, *, remove_workdir: bool = True) -> None:
         """Stop every component (idempotent); remove the work directory if this object made it."""
@@ -391,10 +412,18 @@ class Cluster:
 
     def _get(self, url_or_path: str) -> int | None:
         """HTTP status of a GET (admin identity for the API server); None if unreachable."""
+        return self._request(url_or_path)
+
+    def _post(self, path: str, body: bytes) -> int | None:
+        return self._request(path, body=body)
+
+    def _request(self, url_or_path: str, *, body: bytes | None = None) -> int | None:
         url = url_or_path if "://" in url_or_path else self.layout.server + url_or_path
         ctx = self._ssl_context(url) if url.startswith("https") else None
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        request = urllib.request.Request(url, data=body, headers=headers)
         try:
-            with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
+            with urllib.request.urlopen(request, context=ctx, timeout=5) as resp:
                 return int(resp.status)
         except urllib.error.HTTPError as exc:
             return exc.code
