@@ -3,6 +3,8 @@
 Cases (each runs its own control plane, apart from the session's):
 - stop_apiserver makes the API unreachable; start_apiserver brings it back on the same address with
   the same certificates (the old kubeconfig works); down() leaves no process behind;
+- a component that fails to start: up() raises with that component's log, nothing is left running;
+- the components die with the Python process that started them, by SIGTERM or even SIGKILL;
 - ``python -m e2e.cluster up`` prints ``export KUBECONFIG=...`` last, the kubeconfig reaches the
   cluster, ``env`` prints the same line, ``down`` stops it and leaves no process behind.
 """
@@ -10,8 +12,11 @@ Cases (each runs its own control plane, apart from the session's):
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,3 +93,54 @@ def test_cli_up_env_down(tmp_path: Path) -> None:
     assert procs.leftover_processes(workdir) == []
     assert not workdir.exists()
     assert _cli("env", env=env).returncode == 1
+
+
+def test_failed_start_reports_component_log_and_leaves_nothing() -> None:
+    cluster = Cluster(extra_args={"kube-apiserver": ["--no-such-flag=1"]})
+    try:
+        with pytest.raises(ClusterError) as err:
+            cluster.up()
+        message = str(err.value)
+        assert "kube-apiserver exited (code 1) before it became healthy" in message
+        assert "unknown flag: --no-such-flag" in message  # the component's own log, shown
+        assert procs.leftover_processes(cluster.workdir) == []
+        assert (cluster.workdir / "logs" / "kube-apiserver.log").is_file()  # kept to inspect
+    finally:
+        cluster.down()
+
+
+_HOLDER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from e2e.cluster import Cluster
+c = Cluster().up()
+print(c.workdir, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_components_die_with_the_python_process(sig: signal.Signals) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER.format(root=str(ROOT))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    workdir = Path("/nonexistent")
+    try:
+        assert holder.stdout is not None
+        workdir = Path(holder.stdout.readline().strip())
+        assert len(procs.leftover_processes(workdir)) == 4  # etcd + 3 Kubernetes components
+        holder.send_signal(sig)
+        holder.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while procs.leftover_processes(workdir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert procs.leftover_processes(workdir) == []
+    finally:
+        holder.kill()
+        holder.wait()
+        for pid, _ in procs.leftover_processes(workdir):  # never leak, even when failing
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(workdir, ignore_errors=True)
