@@ -1,10 +1,10 @@
 """Thin Kubernetes API I/O for the kubelet plugin: JSON in, JSON out, over urllib3.
 
 Design:
-- The official client is used only to *load* credentials (kubeconfig or in-cluster), because it
-  knows every auth variant; it is imported lazily inside ``connect``. Requests go straight
-  through a urllib3 pool with that TLS setup, bodies stay plain dicts (ResourceSlices are built
-  as dicts), and nothing is deserialized into the client's model classes.
+- Credentials come from ``kubecreds`` (service account, or a kubeconfig with certificates or a
+  token); only a kubeconfig with another auth method loads the official client, lazily.
+  Requests go straight through a urllib3 pool with that TLS setup, bodies stay plain dicts
+  (ResourceSlices are built as dicts), and nothing is deserialized into client model classes.
 - Every failure leaves this module as an ``apierrors`` type: HTTP statuses are mapped by
   ``apierrors.from_status``; connection errors and timeouts become ``ApiUnavailable``.
 - ``SliceApi`` implements ``publisher.SliceStore`` for one node and driver; its list and watch
@@ -134,20 +134,33 @@ def _event(line: bytes, path: str) -> JSON:
 
 def connect(kubeconfig: Path | None) -> KubeClient:
     """A client from a kubeconfig file, or from the in-cluster service account when None."""
-    from kubernetes import client as kclient  # heavy: imported only here
+    from dra_gpu.plugin import kubecreds
+
+    try:
+        if kubeconfig is None:
+            creds = kubecreds.in_cluster()
+        else:
+            creds = kubecreds.from_kubeconfig(kubeconfig)
+    except kubecreds.CredentialsError as err:
+        raise apierrors.ApiError(str(err)) from err
+    except kubecreds.Unsupported:
+        assert kubeconfig is not None
+        return _connect_with_official_loader(kubeconfig)
+    pool = urllib3.PoolManager(num_pools=2, maxsize=4, ssl_context=creds.ssl_context)
+    return KubeClient(host=creds.host, pool=pool, auth_headers=creds.auth_headers)
+
+
+def _connect_with_official_loader(kubeconfig: Path) -> KubeClient:
+    from kubernetes import client as kclient  # heavy: only for exotic kubeconfigs
     from kubernetes import config as kconfig
 
     cfg = kclient.Configuration()
     try:
-        if kubeconfig is None:
-            kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        else:
-            kconfig.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=str(kubeconfig), client_configuration=cfg
-            )
-    except Exception as err:  # the loaders raise assorted types for one cause: bad config
-        where = kubeconfig or "the in-cluster service account"
-        raise apierrors.ApiError(f"cannot load credentials from {where}: {err}") from err
+        kconfig.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig), client_configuration=cfg
+        )
+    except Exception as err:  # the loader raises assorted types for one cause: bad config
+        raise apierrors.ApiError(f"cannot load credentials from {kubeconfig}: {err}") from err
     pool = urllib3.PoolManager(
         num_pools=2,
         maxsize=4,
@@ -159,7 +172,7 @@ def connect(kubeconfig: Path | None) -> KubeClient:
     )
 
     def auth_headers() -> dict[str, str]:
-        # auth_settings() runs the loaders' refresh hook, so rotated tokens are picked up.
+        # auth_settings() runs the loader's refresh hook, so rotated tokens are picked up.
         settings: Any = cfg.auth_settings()
         return {
             str(s["key"]): str(s["value"])

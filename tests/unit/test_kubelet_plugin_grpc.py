@@ -33,11 +33,34 @@ from dra_gpu.pb import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from dra_gpu.plugin import call_lock, dra_placeholder, grpc_health, inventory, node_plugin
+from dra_gpu.plugin import call_lock, grpc_health, inventory, node_plugin
 from dra_gpu.plugin import settings as plugin_settings
 
 NODE = "node-a"
 TIMEOUT_S = 10  # bounds a broken server only
+
+
+class EmptyV1(dra_v1_pb2_grpc.DRAPluginServicer):
+    """Stands in for the prepare service: answers every call with an empty response."""
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return dra_v1_pb2.NodePrepareResourcesResponse()
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return dra_v1_pb2.NodeUnprepareResourcesResponse()
+
+
+class EmptyV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return dra_v1beta1_pb2.NodePrepareResourcesResponse()
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return dra_v1beta1_pb2.NodeUnprepareResourcesResponse()
+
+
+def register_empty_dra(server: grpc.Server) -> None:
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(EmptyV1(), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(EmptyV1beta1(), server)
 
 
 def make_settings(root: Path, *extra: str) -> plugin_settings.Settings:
@@ -73,7 +96,7 @@ def start_plugin(short_root: Path) -> Iterator[Callable[..., node_plugin.NodePlu
             make_settings(short_root, *extra),
             store=FakeSliceStore(),
             devices=devices,
-            register_dra=dra_placeholder.register,
+            register_dra=register_empty_dra,
         )
         started.append(plugin)
         plugin.start()
