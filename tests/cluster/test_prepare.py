@@ -1,0 +1,383 @@
+"""Prepare and unprepare against the real API server and scheduler, the test acting as kubelet.
+
+A simulated node (``a100x4-mig``: one full GPU, nine MIG devices) runs the real kubelet plugin
+process, which publishes its ResourceSlices. Pods with ResourceClaimTemplates are scheduled onto
+it by the real scheduler (the resourceclaim controller creates the claims, the scheduler
+allocates them). The test then does what the kubelet would: NodePrepareResources with the pod's
+claims on the plugin's DRA socket.
+
+Cases:
+- prepare returns per device the allocated request, pool, device and CDI IDs; the CDI spec files
+  are valid for our validator and for the reference Go CDI library; the claim's opaque config
+  reaches the container environment; v1beta1 repeats the same answer; unprepare removes the
+  specs and the checkpoint entries, twice without error;
+- crash safety: the plugin SIGKILLed (``DRA_GPU_FAULT``) at each step of prepare and unprepare,
+  restarted, and the call repeated: it succeeds, exactly the expected spec files exist, no temp
+  file is left, the checkpoint loads with the expected state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+
+from dra_gpu.controller import classes
+from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from dra_gpu.plugin import cdi
+from dra_gpu.plugin.cdi_validate import validate_spec
+from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
+from dra_gpu.plugin.state import FAULT_STEPS
+from e2e import cdi_validator, procs
+from e2e.cluster import Cluster
+
+DRIVER = "gpu.nvidia.com"
+API = "resource.nvidia.com/v1beta1"
+WAIT_S = 90.0  # bounds a broken test only
+RPC_TIMEOUT_S = 30
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+@dataclass
+class Plugin:
+    proc: Any
+    port: int
+    log: Path
+
+    def healthy(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.port}/healthz"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return int(resp.status) == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+
+class Node:
+    """The simulated node: its directories and its plugin process (restartable)."""
+
+    def __init__(self, cluster: Cluster, name: str, root: Path) -> None:
+        self.cluster, self.name, self.root = cluster, name, root
+        self.plugin: Plugin | None = None
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "data" / "dra.sock"
+
+    def start(self, *, fault: str | None = None) -> Plugin:
+        (port,) = procs.free_ports(1)
+        argv = [
+            sys.executable, "-m", "dra_gpu", "kubelet-plugin",
+            "--node-name", self.name,
+            "--simulate", "a100x4-mig",
+            "--plugin-registry-dir", str(self.root / "registry"),
+            "--plugin-data-dir", str(self.root / "data"),
+            "--cdi-root", str(self.cdi_root),
+            "--state-dir", str(self.state_dir),
+            "--healthz-port", str(port),
+        ]  # fmt: skip
+        env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": str(self.cluster.kubeconfig)}
+        if fault:
+            env["DRA_GPU_FAULT"] = fault
+        log = self.root / "plugin.log"
+        self.plugin = Plugin(procs.spawn(argv, log_path=log, env=env), port, log)
+        plugin = self.plugin
+        wait_for(
+            "the plugin's /healthz", lambda: plugin.proc.poll() is not None or plugin.healthy()
+        )
+        assert plugin.proc.poll() is None, log.read_text()[-3000:]
+        return plugin
+
+    def stop(self) -> None:
+        if self.plugin is not None:
+            procs.stop(self.plugin.proc)
+            self.plugin = None
+
+    def specs(self) -> dict[str, Path]:
+        return dict(cdi.list_specs(self.cdi_root))
+
+
+def pod_body(name: str, template: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpus"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
+        },
+    }
+
+
+def template_body(name: str, device_class: str, count: int, config: dict[str, Any]) -> Any:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpus",
+                            "exactly": {"deviceClassName": device_class, "count": count},
+                        }
+                    ],
+                    "config": [{"opaque": {"driver": DRIVER, "parameters": config}}],
+                }
+            }
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Claim:
+    uid: str
+    namespace: str
+    name: str
+    results: tuple[tuple[str, str], ...]  # (request, device)
+
+    def v1(self) -> Any:
+        return dra_v1_pb2.Claim(uid=self.uid, namespace=self.namespace, name=self.name)
+
+    def v1beta1(self) -> Any:
+        return dra_v1beta1_pb2.Claim(uid=self.uid, namespace=self.namespace, name=self.name)
+
+
+@contextlib.contextmanager
+def device_classes(cluster: Cluster) -> Iterator[None]:
+    """The built-in DeviceClasses; those this module had to create are removed afterwards."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    api = client.ResourceV1Api(cluster.api_client())
+    created = []
+    for desired in classes.builtin_classes(extended_resource_name=None):
+        try:
+            api.create_device_class(desired.body(), _request_timeout=30)
+            created.append(desired.name)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    yield
+    for name in created:
+        with contextlib.suppress(ApiException):
+            api.delete_device_class(name, _request_timeout=30)
+
+
+@pytest.fixture(scope="module")
+def node(cluster: Cluster) -> Iterator[Node]:
+    name = f"prep-{uuid.uuid4().hex[:6]}"
+    cluster.register_node(name)
+    root = Path(tempfile.mkdtemp(prefix="pp-"))  # short: unix socket paths <= 107 bytes
+    n = Node(cluster, name, root)
+    n.start()
+    with device_classes(cluster):
+        yield n
+    n.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def claims(cluster: Cluster, node: Node) -> dict[str, Claim]:
+    """Two pods scheduled by the real scheduler; their allocated claims by pod name."""
+    from kubernetes import client
+
+    api = cluster.api_client()
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    ns = node.name
+    cluster.create_namespace(ns)
+    gpu_config = {
+        "apiVersion": API,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    mig_config = {
+        "apiVersion": API,
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+    }
+    for body in (
+        template_body("one-gpu", "gpu.nvidia.com", 1, gpu_config),
+        template_body("two-mig", "mig.nvidia.com", 2, mig_config),
+    ):
+        resource.create_namespaced_resource_claim_template(ns, body, _request_timeout=30)
+    for pod, template in (("pod-gpu", "one-gpu"), ("pod-mig", "two-mig")):
+        core.create_namespaced_pod(ns, pod_body(pod, template, node.name), _request_timeout=30)
+    out = {}
+    for pod in ("pod-gpu", "pod-mig"):
+        out[pod] = wait_for(
+            f"{pod} scheduled with an allocated claim", lambda p=pod: _claim_of(api, ns, p)
+        )  # type: ignore[misc]
+    return out
+
+
+def _claim_of(api: Any, ns: str, pod_name: str) -> Claim | None:
+    from kubernetes import client
+
+    pod = api.sanitize_for_serialization(
+        client.CoreV1Api(api).read_namespaced_pod(pod_name, ns, _request_timeout=10)
+    )
+    statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    if not pod["spec"].get("nodeName") or not statuses or not statuses[0].get("resourceClaimName"):
+        return None
+    name = statuses[0]["resourceClaimName"]
+    claim = api.sanitize_for_serialization(
+        client.ResourceV1Api(api).read_namespaced_resource_claim(name, ns, _request_timeout=10)
+    )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        return None
+    results = tuple((r["request"], r["device"]) for r in allocation["devices"]["results"])
+    return Claim(claim["metadata"]["uid"], ns, name, results)
+
+
+def prepare_v1(node: Node, *claims: Claim) -> Any:
+    with grpc.insecure_channel(f"unix://{node.socket}") as channel:
+        request = dra_v1_pb2.NodePrepareResourcesRequest(claims=[c.v1() for c in claims])
+        return dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+            request, timeout=RPC_TIMEOUT_S
+        )
+
+
+def unprepare_v1(node: Node, *claims: Claim) -> dict[str, str]:
+    with grpc.insecure_channel(f"unix://{node.socket}") as channel:
+        request = dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[c.v1() for c in claims])
+        response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+            request, timeout=RPC_TIMEOUT_S
+        )
+    return {uid: r.error for uid, r in response.claims.items()}
+
+
+def answer(response: Any, claim: Claim) -> list[tuple[list[str], str, str, list[str]]]:
+    entry = response.claims[claim.uid]
+    assert entry.error == ""
+    return [
+        (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
+        for d in entry.devices
+    ]
+
+
+def expected(node: Node, claim: Claim) -> list[tuple[list[str], str, str, list[str]]]:
+    return [
+        ([request], node.name, device, [f"k8s.gpu.nvidia.com/claim={claim.uid}-{device}"])
+        for request, device in claim.results
+    ]
+
+
+def test_prepare_and_unprepare_scheduled_claims(node: Node, claims: dict[str, Claim]) -> None:
+    gpu, mig = claims["pod-gpu"], claims["pod-mig"]
+    assert [d for _, d in gpu.results] == ["gpu-0"]
+    assert len(mig.results) == 2 and all("-mig-" in d for _, d in mig.results)
+
+    response = prepare_v1(node, gpu, mig)
+    assert answer(response, gpu) == expected(node, gpu)
+    assert answer(response, mig) == expected(node, mig)
+    specs = node.specs()
+    assert set(specs) == {gpu.uid, mig.uid}
+    for path in specs.values():
+        assert validate_spec(json.loads(path.read_text())) == []
+    gpu_env = json.loads(specs[gpu.uid].read_text())["devices"][0]["containerEdits"]["env"]
+    assert "GPU_DEVICE_0_TIMESLICE_INTERVAL=Long" in gpu_env
+    mig_spec = json.loads(specs[mig.uid].read_text())
+    assert (
+        "GPU_DEVICE_1_MPS_ACTIVE_THREAD_PERCENTAGE=50"
+        in mig_spec["devices"][1]["containerEdits"]["env"]
+    )
+
+    with grpc.insecure_channel(f"unix://{node.socket}") as channel:
+        again = dra_v1beta1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+            dra_v1beta1_pb2.NodePrepareResourcesRequest(claims=[gpu.v1beta1(), mig.v1beta1()]),
+            timeout=RPC_TIMEOUT_S,
+        )
+    assert answer(again, gpu) == expected(node, gpu), "prepare twice gives the same answer"
+
+    assert unprepare_v1(node, gpu, mig) == {gpu.uid: "", mig.uid: ""}
+    assert node.specs() == {}
+    assert CheckpointStore(node.state_dir).load().claims == {}
+    assert unprepare_v1(node, gpu, mig) == {gpu.uid: "", mig.uid: ""}
+
+
+def test_specs_are_valid_for_the_reference_cdi_library(
+    node: Node, claims: dict[str, Claim]
+) -> None:
+    try:
+        cdi_validator.ensure()
+    except cdi_validator.ValidatorUnavailable as exc:
+        pytest.skip(f"reference CDI validator not available: {exc}")
+    prepare_v1(node, *claims.values())
+    try:
+        specs = list(node.specs().values())
+        assert len(specs) == 2
+        assert cdi_validator.validate(specs) == []
+    finally:
+        unprepare_v1(node, *claims.values())
+
+
+@pytest.mark.parametrize("step", FAULT_STEPS)
+def test_sigkill_at_each_step_then_restart(node: Node, claims: dict[str, Claim], step: str) -> None:
+    claim = claims["pod-mig"]
+    unprepare = step.startswith("unprepare")
+    node.stop()
+    plugin = node.start(fault=step)
+    try:
+        if unprepare:
+            assert answer(prepare_v1(node, claim), claim) == expected(node, claim)
+        with pytest.raises(grpc.RpcError):
+            (unprepare_v1 if unprepare else prepare_v1)(node, claim)
+        assert plugin.proc.wait(timeout=30) == -signal.SIGKILL
+        assert f"SIGKILL at {step}" in plugin.log.read_text()
+    finally:
+        node.stop()
+    node.start()
+    if unprepare:
+        assert unprepare_v1(node, claim) == {claim.uid: ""}
+        assert node.specs() == {}
+        assert CheckpointStore(node.state_dir).load().claims == {}
+    else:
+        assert answer(prepare_v1(node, claim), claim) == expected(node, claim)
+        assert set(node.specs()) == {claim.uid}
+        records = CheckpointStore(node.state_dir).load().claims
+        assert {u: r.state for u, r in records.items()} == {claim.uid: PREPARE_COMPLETED}
+        assert unprepare_v1(node, claim) == {claim.uid: ""}
+    assert [p.name for p in node.cdi_root.iterdir() if p.name.startswith(".")] == []
