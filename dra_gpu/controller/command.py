@@ -155,6 +155,8 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # urllib3 logs every connection retry as a warning; our loops retry and log once instead.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
     stop, elector_stop, wake = threading.Event(), threading.Event(), threading.Event()
     _install_signal_handlers(stop)
     webhook = _start_webhook(args) if args.webhook_port is not None else None

@@ -170,11 +170,12 @@ class Elector:
         except Exception as exc:
             log.warning("writing lease failed (%s): %s", decision.value, exc)
             return self._timing.retry_period
+        was_leading = self.is_leader
         with self._lock:
-            if self._renewed_at is None:
-                log.info("%s is now the leader (%s)", self._identity, decision.value)
             self._renewed_at = now
             self._observation = leases.Observation(record, version, now)
+        if not was_leading:
+            log.info("%s is now the leader (%s)", self._identity, decision.value)
         return self._timing.renew_period
 
     def _lose(self, why: str) -> None:
@@ -210,6 +211,10 @@ class Elector:
                 next_step = self._clock.monotonic() + self.step()
             if self.is_leader != leading:
                 leading = not leading
+                if not leading and self._renewed_at is not None:  # lapsed, not lost (logged)
+                    log.warning(
+                        "%s stopped leading: no renewal within the renew deadline", self._identity
+                    )
                 on_change(leading)
             stop.wait(min(max(next_step - self._clock.monotonic(), 0.0), 0.5))
         self.release()

@@ -11,6 +11,8 @@ Cases:
 - The built-in DeviceClasses are restored after deletion and after an edit; a class the
   controller does not own is never touched; the classes file's classes appear, and follow edits
   of the file (added, removed).
+- An API server outage longer than the renew deadline: both replicas survive, the leader stands
+  down, one of them leads again afterwards and restores a deleted class.
 - Only the Lease holder acts; after SIGTERM the other replica takes the Lease and acts, and its
   own webhook serves the same answers.
 
@@ -184,7 +186,7 @@ def register_webhook(client: kube.Kube, port: int, ca: Path) -> None:
         client.request("POST", WEBHOOKS, body=config)
 
 
-def webhook_answers_from(client: kube.Kube, port: int) -> bool:
+def webhook_refuses(client: kube.Kube) -> bool:
     """True once a dry-run of a bad claim is refused by the webhook now configured."""
     bad = claim("probe", params=gpu_config(strategy="Sometimes"))
     try:
@@ -228,7 +230,7 @@ def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         replicas.append(b)
         wait_for(lambda: healthy(b, ca), what="ctl-b's webhook")
         register_webhook(client, port_a, ca)
-        wait_for(lambda: webhook_answers_from(client, port_a), what="the webhook to be in effect")
+        wait_for(lambda: webhook_refuses(client), what="the webhook to be in effect")
         yield Setup(client, a, b, ca, classes_file)
     finally:
         try:
@@ -378,27 +380,58 @@ def recreate_and_wait(client: kube.Kube, name: str) -> None:
     wait_for(lambda: get_class(client, name), what=f"{name} to be recreated")
 
 
+def leader_and_follower(setup: Setup) -> tuple[Replica, Replica]:
+    holder = lease_holder(setup.client)
+    assert holder in ("ctl-a", "ctl-b")
+    return (setup.a, setup.b) if holder == "ctl-a" else (setup.b, setup.a)
+
+
+def active_leader(client: kube.Kube) -> str:
+    """The holder once it has renewed the Lease while we watched (not a stale record)."""
+    first = client.request("GET", LEASE_PATH)["spec"]
+    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        spec = client.request("GET", LEASE_PATH)["spec"]
+        if spec.get("renewTime") != first.get("renewTime"):
+            return str(spec.get("holderIdentity") or "")
+        time.sleep(0.5)
+    return ""
+
+
+def test_survives_an_api_server_outage(setup: Setup, cluster: Cluster) -> None:
+    cluster.stop_apiserver()
+    time.sleep(12)  # past the renew deadline: the leader must stand down, not crash
+    cluster.start_apiserver()
+    assert setup.a.proc.poll() is None and setup.b.proc.poll() is None
+    wait_for(lambda: active_leader(setup.client), what="a renewing lease holder after the outage")
+    recreate_and_wait(setup.client, "gpu.nvidia.com")
+    lines = (setup.a.log() + setup.b.log()).splitlines()
+    assert any("stopped leading" in ln for ln in lines)
+
+
 def test_only_the_leader_acts_and_the_other_takes_over(setup: Setup) -> None:
     client = setup.client
-    assert lease_holder(client) == "ctl-a"
+    leader, follower = leader_and_follower(setup)
     transitions = client.request("GET", LEASE_PATH)["spec"].get("leaseTransitions", 0)
+    leader_before, follower_before = len(leader.actions()), len(follower.actions())
     recreate_and_wait(client, "mig.nvidia.com")
-    assert any("DeviceClass mig.nvidia.com created" in a for a in setup.a.actions())
-    assert setup.b.actions() == []
+    assert "DeviceClass mig.nvidia.com created" in leader.actions()[leader_before]
+    assert len(follower.actions()) == follower_before
 
-    procs.stop(setup.a.proc, grace_s=10)
-    assert setup.a.proc.returncode == 0, setup.a.log()[-2000:]
-    assert "released the lease" in setup.a.log()
-    wait_for(lambda: lease_holder(client) == "ctl-b", what="ctl-b to take the lease")
+    procs.stop(leader.proc, grace_s=10)
+    assert leader.proc.returncode == 0, leader.log()[-2000:]
+    assert "released the lease" in leader.log()
+    wait_for(lambda: lease_holder(client) == follower.identity, what="the follower to take over")
     assert client.request("GET", LEASE_PATH)["spec"]["leaseTransitions"] == transitions + 1
     recreate_and_wait(client, "mig.nvidia.com")
     # Its takeover pass found every other class as it wants it: no rewrites, one recreation.
-    (action,) = setup.b.actions()
+    (action,) = follower.actions()[follower_before:]
     assert "DeviceClass mig.nvidia.com created" in action
 
-    # Every replica serves the webhook: point the API server at ctl-b's.
-    register_webhook(client, setup.b.port, setup.ca)
-    wait_for(lambda: webhook_answers_from(client, setup.b.port), what="ctl-b's webhook")
+    # Every replica serves the webhook: point the API server at the survivor's.
+    register_webhook(client, follower.port, setup.ca)
+    wait_for(lambda: webhook_refuses(client), what="the survivor's webhook")
     with pytest.raises(kube.ApiError) as refused:
         client.call("POST", CLAIMS, body=claim("after", params=gpu_config(strategy="Nope")))
     assert DENIED in refused.value.message
