@@ -1,0 +1,302 @@
+"""Prepare latency and throughput of the kubelet plugin, against the local API server.
+
+Usage: ``.venv/bin/python bench/prepare.py [--samples N] [--rounds R] [--server plugin|standalone]``
+
+Set-up (not timed): a local control plane (``e2e.cluster.Cluster``), a node simulated with ten
+H200 GPUs in MIG mode (7 x ``1g.18gb`` each: 70 MIG devices), the real kubelet plugin publishing
+them, and 64 pods whose ResourceClaimTemplate asks for one MIG device, scheduled and allocated
+by the real scheduler. The benchmark then acts as the kubelet over the DRA unix socket:
+
+- latency: N single-claim NodePrepareResources calls, one after another (each claim is
+  unprepared before it is prepared again, so every call does the full work: GET the claim,
+  plan, CDI spec, checkpoint); p50 and p99, and the same for unprepare;
+- throughput: R rounds of 64 calls (one claim each, like 64 pods starting) sent at once from
+  64 threads; claims/s = 64 / (last answer - first send).
+
+``--server plugin`` (default) measures ``dra-gpu kubelet-plugin`` as deployed (its DRA calls are
+serialized node-wide by a file lock); ``standalone`` measures ``python -m
+dra_gpu.plugin.dra_service`` on the same state, which has no such lock.
+
+Targets on this 2-core machine: p50 < 10 ms, p99 < 50 ms, >= 100 claims/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+
+from dra_gpu.controller import classes  # noqa: E402
+from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc  # noqa: E402
+from e2e import procs  # noqa: E402
+from e2e.cluster import Cluster  # noqa: E402
+
+DRIVER = "gpu.nvidia.com"
+CLAIMS = 64
+TARGET_P50_MS, TARGET_P99_MS, TARGET_RATE = 10.0, 50.0, 100.0
+PROFILE = {
+    "gpus": [
+        {
+            "product": "H200-141GB",
+            "count": 10,
+            "mig": {
+                "enabled": True,
+                "devices": [{"profile": "1g.18gb", "placement": p} for p in range(7)],
+            },
+        }
+    ]
+}
+
+
+def wait_for(what: str, probe: Any, timeout: float = 180.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return int(resp.status) == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def servers(cluster: Cluster, node: str, root: Path, kind: str) -> Iterator[Path]:
+    """The kubelet plugin (publishes the slices); yields the DRA socket to measure."""
+    profile = root / "bench-mig.json"
+    profile.write_text(json.dumps(PROFILE))
+    (port,) = procs.free_ports(1)
+    common = [
+        "--node-name",
+        node,
+        "--simulate",
+        str(profile),
+        "--cdi-root",
+        str(root / "cdi"),
+        "--state-dir",
+        str(root / "state"),
+    ]
+    env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": str(cluster.kubeconfig)}
+    plugin = procs.spawn(
+        [
+            sys.executable,
+            "-m",
+            "dra_gpu",
+            "kubelet-plugin",
+            *common,
+            "--log-level",
+            "WARNING",
+            "--plugin-registry-dir",
+            str(root / "reg"),
+            "--plugin-data-dir",
+            str(root / "data"),
+            "--healthz-port",
+            str(port),
+        ],
+        log_path=root / "plugin.log",
+        env=env,
+    )
+    started = [plugin]
+    try:
+        wait_for("the plugin", lambda: plugin.poll() is not None or healthy(port))
+        if plugin.poll() is not None:
+            raise RuntimeError((root / "plugin.log").read_text()[-2000:])
+        socket = root / "data" / "dra.sock"
+        if kind == "standalone":
+            socket = root / "standalone.sock"
+            started.append(
+                procs.spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "dra_gpu.plugin.dra_service",
+                        *common,
+                        "--socket",
+                        str(socket),
+                        "--kubeconfig",
+                        str(cluster.kubeconfig),
+                    ],
+                    log_path=root / "standalone.log",
+                    env=env,
+                )
+            )
+            wait_for("the standalone server", socket.exists)
+        yield socket
+    finally:
+        procs.stop_many(started)
+
+
+def make_claims(cluster: Cluster, node: str) -> list[Any]:
+    """64 pods with one MIG claim each, scheduled; returns their claims as v1 Claim messages."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    api = cluster.api_client()
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    for desired in classes.builtin_classes(extended_resource_name=None):
+        with contextlib.suppress(ApiException):
+            resource.create_device_class(desired.body())
+    ns = node
+    cluster.create_namespace(ns)
+    request = {"name": "mig", "exactly": {"deviceClassName": classes.MIG_CLASS, "count": 1}}
+    template = {
+        "metadata": {"name": "one-mig"},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+    resource.create_namespaced_resource_claim_template(ns, template)
+    container = {"name": "c", "image": "pause", "resources": {"claims": [{"name": "g"}]}}
+    spec = {
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "containers": [container],
+        "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "one-mig"}],
+    }
+    for i in range(CLAIMS):
+        core.create_namespaced_pod(ns, {"metadata": {"name": f"p{i}"}, "spec": spec})
+
+    def allocated() -> list[Any] | None:
+        items = resource.list_namespaced_resource_claim(ns).items
+        done = [c for c in items if c.status and c.status.allocation]
+        if len(done) < CLAIMS:
+            return None
+        return [
+            dra_v1_pb2.Claim(uid=c.metadata.uid, namespace=ns, name=c.metadata.name) for c in done
+        ]
+
+    return list(wait_for(f"{CLAIMS} allocated claims", allocated))
+
+
+def call(stub: Any, method: str, claim: Any) -> None:
+    if method == "prepare":
+        request = dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim])
+        response = stub.NodePrepareResources(request, timeout=60)
+    else:
+        request = dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim])
+        response = stub.NodeUnprepareResources(request, timeout=60)
+    error = response.claims[claim.uid].error
+    if error:
+        raise RuntimeError(f"{method} {claim.name}: {error}")
+
+
+def latency(socket: Path, claims: Sequence[Any], samples: int) -> tuple[list[float], list[float]]:
+    prepare, unprepare = [], []
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+        for i in range(samples + 5):
+            claim = claims[i % len(claims)]
+            t0 = time.perf_counter()
+            call(stub, "prepare", claim)
+            t1 = time.perf_counter()
+            call(stub, "unprepare", claim)
+            t2 = time.perf_counter()
+            if i >= 5:  # warm-up: connections, caches
+                prepare.append((t1 - t0) * 1e3)
+                unprepare.append((t2 - t1) * 1e3)
+    return prepare, unprepare
+
+
+def throughput(socket: Path, claims: Sequence[Any]) -> float:
+    channels = [grpc.insecure_channel(f"unix://{socket}") for _ in claims]
+    stubs = [dra_v1_pb2_grpc.DRAPluginStub(c) for c in channels]
+    for stub in stubs:  # connect before the clock starts
+        stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=30)
+    barrier = threading.Barrier(len(claims) + 1)
+    ends: list[float] = []
+    errors: list[BaseException] = []
+
+    def run(stub: Any, claim: Any) -> None:
+        barrier.wait()
+        try:
+            call(stub, "prepare", claim)
+        except BaseException as exc:
+            errors.append(exc)
+        ends.append(time.perf_counter())
+
+    threads = [threading.Thread(target=run, args=a) for a in zip(stubs, claims, strict=True)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = max(ends) - start
+    for stub, claim in zip(stubs, claims, strict=True):
+        call(stub, "unprepare", claim)
+    for c in channels:
+        c.close()
+    if errors:
+        raise RuntimeError(f"{len(errors)} prepares failed, first: {errors[0]}")
+    return len(claims) / elapsed
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def report(kind: str, prep: list[float], unprep: list[float], rates: list[float]) -> None:
+    p50, p99 = pct(prep, 0.5), pct(prep, 0.99)
+    print(f"server: {kind}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"prepare, single-claim calls (n={len(prep)}): p50 {p50:.2f} ms "
+        f"(target < {TARGET_P50_MS:.0f}: {'OK' if p50 < TARGET_P50_MS else 'OVER'}), "
+        f"p99 {p99:.2f} ms (target < {TARGET_P99_MS:.0f}: "
+        f"{'OK' if p99 < TARGET_P99_MS else 'OVER'}), max {max(prep):.2f} ms"
+    )
+    print(f"unprepare: p50 {pct(unprep, 0.5):.2f} ms, p99 {pct(unprep, 0.99):.2f} ms")
+    best, med = max(rates), statistics.median(rates)
+    print(
+        f"{CLAIMS} claims at once: " + ", ".join(f"{r:.0f}" for r in rates) + " claims/s; "
+        f"median {med:.0f} (target >= {TARGET_RATE:.0f}: "
+        f"{'OK' if med >= TARGET_RATE else 'UNDER'}), best {best:.0f}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--server", choices=["plugin", "standalone", "both"], default="both")
+    args = parser.parse_args()
+    node = f"bench-{uuid.uuid4().hex[:6]}"
+    kinds = ["plugin", "standalone"] if args.server == "both" else [args.server]
+    with Cluster() as cluster, tempfile.TemporaryDirectory(prefix="pb-") as tmp:
+        cluster.register_node(node)
+        for kind in kinds:
+            root = Path(tmp) / kind
+            root.mkdir()
+            with servers(cluster, node, root, kind) as socket:
+                claims = claims_cache or make_claims(cluster, node)
+                claims_cache[:] = claims
+                prep, unprep = latency(socket, claims, args.samples)
+                rates = [throughput(socket, claims) for _ in range(args.rounds)]
+            report(kind, prep, unprep, rates)
+    return 0
+
+
+claims_cache: list[Any] = []
+
+if __name__ == "__main__":
+    raise SystemExit(main())
