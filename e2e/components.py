@@ -110,6 +110,8 @@ def apiserver_argv(binary: Path, layout: Layout) -> list[str]:
         f"--client-ca-file={pki.ca.cert}",
         f"--kubelet-client-certificate={pki.apiserver_kubelet_client.cert}",
         f"--kubelet-client-key={pki.apiserver_kubelet_client.key}",
+        # Real nodes' names resolve nowhere; reach their kubelets (logs, exec) by InternalIP.
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
         f"--requestheader-client-ca-file={pki.front_proxy_ca.cert}",
         "--requestheader-allowed-names=front-proxy-client",
         "--requestheader-username-headers=X-Remote-User",
