@@ -10,7 +10,8 @@ the node's directory, its cgroup root, its bridge, and the directory itself.
 
 Invariants:
 - Everything the node writes is under ``paths.root`` (see ``e2e.node_config``), except the cgroup
-  ``/dra-gpu-<name>`` and the bridge, both named after the node and removed by ``down()``.
+  ``/dra-gpu-<name>``, the CNI bridge and the interface holding the node IP, all three
+  named after the node and removed by ``down()``.
 - The DRA kubelet plugin registers through ``paths.plugin_registry_dir`` (the kubelet's real
   registry directory) and writes CDI specs to ``cdi_root``, which containerd reads.
 - Each daemon runs in its own session (process group), so a kill reaches its children too.
@@ -40,6 +41,8 @@ from e2e.node_config import (
     cni_config,
     containerd_config,
     kubelet_config,
+    node_ip,
+    node_link,
 )
 
 Log = Callable[[str], None]
@@ -83,6 +86,7 @@ class Node:
         self.paths = NodePaths(root)
         self.cdi_root = cdi_root or root / "cdi"
         self.cgroup_root = f"/dra-gpu-{name}"
+        self.ip = node_ip(self.paths)
         self.log = log
         self.ports = KubeletPorts(server=free_port(), healthz=free_port())
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -101,6 +105,7 @@ class Node:
         try:
             self._write_configs()
             node_cleanup.create_cgroup(self.cgroup_root)
+            node_cleanup.add_address_link(node_link(self.paths), self.ip)
             self._start_containerd()
             self._import_images(archives)
             self._start_kubelet(kubelet)
@@ -133,6 +138,7 @@ class Node:
         node_cleanup.remove_cgroup(self.cgroup_root)
         node_cleanup.unmount_under(self.paths.root)
         node_cleanup.delete_link(bridge_name(self.paths))
+        node_cleanup.delete_link(node_link(self.paths))
         if self._own_dir:
             shutil.rmtree(self.paths.root, ignore_errors=True)
 
@@ -164,7 +170,9 @@ class Node:
         ca = p.root / "ca.crt"
         ca.write_bytes(_pem_bytes(self.cluster.ca_cert))
         p.kubelet_config.write_text(
-            kubelet_config(p, ports=self.ports, client_ca=ca, cgroup_root=self.cgroup_root)
+            kubelet_config(
+                p, ports=self.ports, client_ca=ca, cgroup_root=self.cgroup_root, address=self.ip
+            )
         )
         cert = self.cluster.issue_client_cert(f"system:node:{self.name}", ["system:nodes"])
         self.cluster.write_kubeconfig(p.kubeconfig, *_cert_and_key(cert))
@@ -206,7 +214,7 @@ class Node:
             f"--root-dir={p.kubelet_root}",
             f"--cert-dir={p.kubelet_root / 'pki'}",
             f"--hostname-override={self.name}",
-            "--node-ip=127.0.0.1",
+            f"--node-ip={self.ip}",
             "--node-labels=dra-gpu.test/real-node=true",
             "--v=2",
         ]

@@ -123,3 +123,17 @@ def pids_with_arg(needle: str) -> list[int]:
 
 def delete_link(name: str) -> None:
     subprocess.run(["ip", "link", "delete", name], capture_output=True, check=False)
+
+
+def add_address_link(name: str, address: str) -> None:
+    """An interface holding ``address``/32: a host-local IP that no network can reach.
+
+    A port-less bridge, since these VMs' kernels have no ``dummy`` module; local delivery works.
+    """
+    delete_link(name)  # a leftover of a killed run
+    for argv in (
+        ["ip", "link", "add", name, "type", "bridge"],
+        ["ip", "addr", "add", f"{address}/32", "dev", name],
+        ["ip", "link", "set", name, "up"],
+    ):
+        subprocess.run(argv, capture_output=True, check=True)

@@ -8,8 +8,10 @@ containerd's root/state/socket, the runc root, CNI config and IPAM state, the ku
 Config choices that matter on these machines (root in a VM, cgroup v1 hierarchies + cgroup2 at
 ``/sys/fs/cgroup/unified``, no systemd, no swap): kubelet ``cgroupDriver: cgroupfs``,
 ``failCgroupV1: false``, ``failSwapOn: false``; a dedicated ``cgroupRoot`` per node so teardown can
-kill and remove exactly its containers; every port on loopback; containerd's CDI spec directory is
-the directory the plugin writes to; the sandbox image is pinned (there is no registry to pull from).
+kill and remove exactly its containers; every port on loopback, except the kubelet's server,
+which listens on the node's IP (a host-local address on an interface of its own, see ``node_ip``);
+containerd's CDI spec directory is the directory the plugin writes to; the sandbox image is
+pinned (there is no registry to pull from).
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ state = {q(d / "state")}
 [plugins."io.containerd.cri.v1.runtime"]
   cdi_spec_dirs = [{cdi}]
   netns_mounts_under_state_dir = true
+  # These VMs give root no CAP_SYS_RESOURCE: an oom_score_adj below containerd's own is refused.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
@@ -128,6 +132,19 @@ state = {q(d / "state")}
 def bridge_name(paths: NodePaths) -> str:
     # Linux limits interface names to 15 bytes; the hash keeps concurrent nodes apart.
     return "dragpu" + hashlib.sha256(str(paths.root).encode()).hexdigest()[:8]
+
+
+def node_link(paths: NodePaths) -> str:
+    """Name of the interface carrying the node's IP."""
+    return "dragpuip" + hashlib.sha256(str(paths.root).encode()).hexdigest()[:7]
+
+
+def node_ip(paths: NodePaths) -> str:
+    """The node's InternalIP: kubelet refuses a loopback node IP, and the API server reaches the
+    kubelet (logs, exec) at its InternalIP. An address of the benchmarking range 198.18.0.0/15 on
+    an interface of its own is local to this host only and collides with no real network."""
+    digest = hashlib.sha256(str(paths.root).encode()).digest()
+    return f"198.18.{digest[0]}.{1 + digest[1] % 254}"
 
 
 def pod_subnet(paths: NodePaths) -> str:
@@ -165,12 +182,12 @@ class KubeletPorts:
 
 
 def kubelet_config(
-    paths: NodePaths, *, ports: KubeletPorts, client_ca: Path, cgroup_root: str
+    paths: NodePaths, *, ports: KubeletPorts, client_ca: Path, cgroup_root: str, address: str
 ) -> str:
     config = {
         "kind": "KubeletConfiguration",
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "address": "127.0.0.1",
+        "address": address,
         "port": ports.server,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",

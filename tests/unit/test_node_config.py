@@ -71,14 +71,15 @@ def test_kubelet_config_suits_cgroup_v1_machines_and_stays_on_loopback() -> None
     conf = json.loads(
         kubelet_config(
             PATHS, ports=KubeletPorts(server=1234, healthz=1235), client_ca=Path("/ca.crt"),
-            cgroup_root="/dra-gpu-n",
+            cgroup_root="/dra-gpu-n", address="198.18.0.1",
         )
     )  # fmt: skip
     assert conf["kind"] == "KubeletConfiguration"
     assert conf["failCgroupV1"] is False
     assert conf["failSwapOn"] is False
     assert conf["cgroupDriver"] == "cgroupfs"
-    assert conf["address"] == conf["healthzBindAddress"] == "127.0.0.1"
+    assert conf["address"] == "198.18.0.1"
+    assert conf["healthzBindAddress"] == "127.0.0.1"
     assert (conf["port"], conf["healthzPort"], conf["readOnlyPort"]) == (1234, 1235, 0)
     assert conf["containerRuntimeEndpoint"] == f"unix://{PATHS.containerd_socket}"
     assert conf["authentication"]["anonymous"]["enabled"] is False

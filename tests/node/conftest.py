@@ -1,0 +1,120 @@
+"""Fixtures of the real-node tier: kubelet + containerd nodes, and the driver running on them.
+
+Two real nodes (each its own kubelet, containerd and CNI bridge) so that every scenario has the
+simulated hardware it needs: ``gpu-h200`` runs the plugin with ``h200x8`` (8 full GPUs) and
+``gpu-a100`` with ``a100x4-mig`` (MIG devices). Both carry the label ``dra-gpu.test/real-node``,
+which the suite adds as a node selector to every pod, so pods never land on a node that some other
+test registered without a kubelet.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from e2e.cluster import Cluster
+from e2e.driver import ManagedProcess, PluginProcess, controller_process
+from e2e.node import Node
+from e2e.suite.kube import Kube, wait_for
+from e2e.suite.runner import Context
+
+REAL_NODE_SELECTOR = {"dra-gpu.test/real-node": "true"}
+NODE_PROFILES = {"gpu-h200": "h200x8", "gpu-a100": "a100x4-mig"}
+
+
+def _report_on_failure(request: pytest.FixtureRequest, texts: list[str]) -> None:
+    if request.session.testsfailed:
+        for text in texts:
+            print(text, file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def real_nodes(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[dict[str, Node]]:
+    nodes: dict[str, Node] = {}
+    try:
+        for name in NODE_PROFILES:
+            nodes[name] = Node(cluster, name=name).up()
+        yield nodes
+    finally:
+        _report_on_failure(request, [n.diagnostics() for n in nodes.values()])
+        for node in nodes.values():
+            node.down()
+
+
+@dataclass
+class Driver:
+    controller: ManagedProcess
+    plugins: dict[str, PluginProcess]
+
+    def wait_published(self, kube: Kube, *, timeout: float = 60.0) -> None:
+        """Every node's pool has devices in the API, and the DeviceClasses exist."""
+        for node in self.plugins:
+            wait_for(
+                f"ResourceSlices of {node}",
+                lambda n=node: _pool_published(kube, n),
+                timeout=timeout,
+            )
+        for name in ("gpu.nvidia.com", "mig.nvidia.com"):
+            wait_for(f"DeviceClass {name}", lambda n=name: _device_class(kube, n), timeout=timeout)
+
+
+def _pool_published(kube: Kube, node: str) -> bool | None:
+    return True if any(s["spec"].get("nodeName") == node for s in kube.slices()) else None
+
+
+def _device_class(kube: Kube, name: str) -> bool | None:
+    return bool(
+        kube.custom.get_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", name)
+    )
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: Cluster) -> Kube:
+    return Kube(cluster.api_client())
+
+
+@pytest.fixture(scope="session")
+def driver(
+    cluster: Cluster, real_nodes: dict[str, Node], kube: Kube, request: pytest.FixtureRequest
+) -> Iterator[Driver]:
+    any_node = next(iter(real_nodes.values()))
+    controller = controller_process(
+        kubeconfig=cluster.kubeconfig, log_path=any_node.paths.logs / "controller.log"
+    )
+    plugins = {
+        name: PluginProcess.for_node(
+            node, kubeconfig=cluster.kubeconfig, profile=NODE_PROFILES[name]
+        )
+        for name, node in real_nodes.items()
+    }
+    started = time.monotonic()
+    try:
+        controller.start()
+        for plugin in plugins.values():
+            plugin.start()
+        drv = Driver(controller, plugins)
+        drv.wait_published(kube)
+        print(f"[driver] published in {time.monotonic() - started:.1f}s", file=sys.stderr)
+        yield drv
+    finally:
+        _report_on_failure(
+            request, [f"--- {p.name} ---\n{p.log_tail()}" for p in (controller, *plugins.values())]
+        )
+        for plugin in plugins.values():
+            plugin.stop()
+        controller.stop()
+
+
+@pytest.fixture(scope="session")
+def suite(kube: Kube, real_nodes: dict[str, Node], driver: Driver) -> Context:
+    """The e2e suite's context, pointed at the real nodes (and their CDI directories)."""
+    return Context(
+        kube=kube,
+        cdi_dirs=tuple(n.cdi_root for n in real_nodes.values()),
+        node_selector=REAL_NODE_SELECTOR,
+        log=lambda line: print(line, file=sys.stderr),
+    )

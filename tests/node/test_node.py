@@ -1,0 +1,63 @@
+"""The real node itself: it registers and is Ready, and runs a plain pod from the local image."""
+
+from __future__ import annotations
+
+from e2e.node import Node
+from e2e.suite import views
+from e2e.suite.kube import Kube, load_manifests, wait_for
+from e2e.suite.runner import SCENARIOS_DIR
+
+
+def _plain_pod(node: str) -> dict[str, object]:
+    # The scenario pod's script, without any claim: it reports an empty device list.
+    (template,) = [d for d in load_manifests(SCENARIOS_DIR / "one-gpu") if d["kind"] == "Pod"]
+    container = {k: v for k, v in template["spec"]["containers"][0].items() if k != "resources"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "plain"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "restartPolicy": "Never",
+            "containers": [container],
+        },
+    }
+
+
+def test_real_nodes_are_ready_and_report_their_runtime(
+    real_nodes: dict[str, Node], kube: Kube
+) -> None:
+    for name in real_nodes:
+        node = kube.as_dict(kube.core.read_node(name))
+        ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"]
+        assert ready == "True"
+        assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
+
+
+def test_a_pod_without_claims_runs_and_sees_no_gpu(real_nodes: dict[str, Node], kube: Kube) -> None:
+    name = next(iter(real_nodes))
+    namespace = "plain-pod"
+    kube.create_namespace(namespace)
+    try:
+        kube.create(namespace, _plain_pod(name))
+        view = wait_for(
+            "the plain pod's report",
+            lambda: _report(kube, namespace),
+            timeout=120,
+        )
+        assert view.device_paths == frozenset()
+        assert view.device_names == frozenset()
+        assert kube.pod(namespace, "plain")["status"]["phase"] == "Running"
+    finally:
+        kube.delete_namespace(namespace)
+
+
+def _report(kube: Kube, namespace: str) -> views.ContainerView | None:
+    pod = kube.pod(namespace, "plain")
+    if (pod.get("status") or {}).get("phase") != "Running":
+        return None
+    try:
+        return views.parse_report(kube.log(namespace, "plain", "ctr"))
+    except views.LogIncomplete:
+        return None
