@@ -156,9 +156,11 @@ class Reconciler:
 
 def watch_classes(client: kube.Kube, stop: threading.Event, on_event: Callable[[], None]) -> None:
     """Call ``on_event`` for every DeviceClass change until ``stop``; restarts on any error."""
+    failures = 0
     while not stop.is_set():
         try:
             listed = client.request("GET", CLASSES_PATH)
+            failures = 0
             version = str(listed.get("metadata", {}).get("resourceVersion", ""))
             for event in client.watch(
                 CLASSES_PATH,
@@ -172,7 +174,10 @@ def watch_classes(client: kube.Kube, stop: threading.Event, on_event: Callable[[
                 if event.get("type") != "BOOKMARK":
                     on_event()
         except Exception as exc:
-            log.info("DeviceClass watch interrupted (%s); restarting", exc)
+            # Once per outage at INFO; the retries every 2 s only at DEBUG.
+            failures += 1
+            level = logging.INFO if failures == 1 else logging.DEBUG
+            log.log(level, "DeviceClass watch interrupted (%s); restarting", exc)
             stop.wait(2.0)
 
 

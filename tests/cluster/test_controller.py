@@ -10,7 +10,7 @@ Cases:
   warning suggesting the published name.
 - The built-in DeviceClasses are restored after deletion and after an edit; a class the
   controller does not own is never touched; the classes file's classes appear, and follow edits
-  of the file (added, removed).
+  of the file (added, removed, extendedResourceName set on gpu.nvidia.com).
 - An API server outage longer than the renew deadline: both replicas survive, the leader stands
   down, one of them leads again afterwards and restores a deleted class.
 - Only the Lease holder acts; after SIGTERM the other replica takes the Lease and acts, and its
@@ -57,6 +57,7 @@ classes:
     minMemory: 80Gi
 """
 CLASSES_FILE_EDITED = """
+extendedResourceName: nvidia.com/gpu
 classes:
   - name: h200.nvidia.com
     productName: NVIDIA H200
@@ -367,6 +368,13 @@ def test_classes_file_is_applied_and_followed(setup: Setup) -> None:
     setup.classes_file.write_text(CLASSES_FILE_EDITED)
     wait_for(lambda: get_class(setup.client, "small-mig.nvidia.com"), what="the added class")
     wait_for(lambda: get_class(setup.client, "big.nvidia.com") is None, what="removal of big")
+    wait_for(
+        lambda: (
+            (get_class(setup.client, "gpu.nvidia.com") or {})["spec"].get("extendedResourceName")
+            == "nvidia.com/gpu"
+        ),
+        what="gpu.nvidia.com to get the file's extendedResourceName",
+    )
     still = get_class(setup.client, "someone-else.example.com")
     assert still is not None and still["metadata"]["resourceVersion"] == foreign_rv
     setup.client.request("DELETE", f"{CLASSES}/someone-else.example.com")
