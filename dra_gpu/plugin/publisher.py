@@ -84,6 +84,11 @@ class Publisher:
         return self._synced.is_set()
 
     @property
+    def api_outage(self) -> bool:
+        """True while the API server has not answered since the last failure."""
+        return self._outage
+
+    @property
     def generation(self) -> int:
         return self._generation
 
@@ -94,9 +99,6 @@ class Publisher:
         """Publish slices from a new inventory (a new generation when the content changed)."""
         with self._lock:
             self._render = render
-        self._wake.set()
-
-    def wake(self) -> None:
         self._wake.set()
 
     def start(self, stop: threading.Event) -> list[threading.Thread]:

@@ -130,7 +130,7 @@ def test_api_outage_is_survived_and_pool_repaired(running: Any) -> None:
     wait_until(lambda: pub.synced)
     store.down = True
     store.slices.clear()  # e.g. the kubelet wiped them while we could not see it
-    wait_until(lambda: pub._outage)
+    wait_until(lambda: pub.api_outage)
     store.down = False
     wait_until(lambda: len(store.slices) == 1)
     assert pool(store) == [(2, ["gpu-0"])]
