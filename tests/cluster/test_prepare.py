@@ -381,3 +381,28 @@ def test_sigkill_at_each_step_then_restart(node: Node, claims: dict[str, Claim],
         assert {u: r.state for u, r in records.items()} == {claim.uid: PREPARE_COMPLETED}
         assert unprepare_v1(node, claim) == {claim.uid: ""}
     assert [p.name for p in node.cdi_root.iterdir() if p.name.startswith(".")] == []
+
+
+def test_corrupt_checkpoint_is_an_event_on_the_node_and_serving_goes_on(
+    cluster: Cluster, node: Node, claims: dict[str, Claim]
+) -> None:
+    from kubernetes import client
+
+    claim = claims["pod-gpu"]
+    node.stop()
+    (node.state_dir / "checkpoint.json").write_text('{"version": 2, "claims": {"x": ')
+    node.start()
+    events = client.CoreV1Api(cluster.api_client())
+
+    def corrupt_event() -> Any:
+        listed = events.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={node.name}", _request_timeout=10
+        )
+        return [e for e in listed.items if e.reason == "CheckpointCorrupt"]
+
+    [event] = wait_for("a CheckpointCorrupt event on the node", corrupt_event)
+    assert event.type == "Warning" and event.involved_object.kind == "Node"
+    assert "moved aside to" in event.message
+    assert len(list(node.state_dir.glob("checkpoint.json.corrupt-*"))) == 1
+    assert answer(prepare_v1(node, claim), claim) == expected(node, claim)
+    assert unprepare_v1(node, claim) == {claim.uid: ""}
