@@ -119,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pod_uid",
         "UID of the plugin's pod; turns on rolling-update socket names",
     )
-    add("--healthz-port", "healthz_port", "serve HTTP /healthz on this port (default: off)")
+    add("--healthz-port", "healthz_port", "serve HTTP /healthz on this port (default 0: off)")
     add(
         "--healthz-address",
         "healthz_address",
@@ -151,9 +151,9 @@ def _port(raw: str | None) -> int | None:
         port = int(raw)
     except ValueError:
         raise SettingsError(f"healthz port must be a number, got {raw!r}") from None
-    if not 0 < port < 65536:
-        raise SettingsError(f"healthz port must be in 1..65535, got {port}")
-    return port
+    if not 0 <= port < 65536:
+        raise SettingsError(f"healthz port must be in 0..65535 (0: off), got {port}")
+    return port or None
 
 
 def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Settings:

@@ -48,6 +48,10 @@ def test_environment_fills_in_missing_flags() -> None:
     assert s.rolling_update
 
 
+def test_healthz_port_zero_is_off() -> None:
+    assert parse(["--node-name", "n", "--healthz-port", "0"]).healthz_port is None
+
+
 def test_flag_wins_over_environment() -> None:
     s = parse(["--node-name", "flag", "--driver-name", "x.example.com"], {"NODE_NAME": "env"})
     assert s.node_name == "flag"
@@ -64,7 +68,7 @@ N = {"NODE_NAME": "n"}
         pytest.param(["--driver-name", "Bad_Name"], N, "DNS subdomain", id="driver"),
         pytest.param(["--pod-uid", "a/b"], N, "pod UID", id="pod-uid"),
         pytest.param(["--healthz-port", "http"], N, "must be a number", id="port-nan"),
-        pytest.param([], {**N, "HEALTHZ_PORT": "70000"}, "1..65535", id="port-range"),
+        pytest.param([], {**N, "HEALTHZ_PORT": "70000"}, "0..65535", id="port-range"),
         pytest.param(["--cdi-root", "rel/dir"], N, "absolute path", id="relative"),
         pytest.param(["--log-level", "loud"], N, "log level", id="log-level"),
         pytest.param(["--plugin-data-dir", "/" + "d" * 110], N, "socket path", id="long-path"),
