@@ -1,0 +1,312 @@
+"""``make demo``: the driver on simulated GPUs in a local cluster, from a fresh clone.
+
+``python -m e2e.demo`` (what ``make demo`` runs):
+
+1. stops a demo left running, then starts the environment in the background (``e2e.demo_env``:
+   control plane, two GPU nodes, a kubelet plugin per node, the controller), showing its progress;
+   the first run builds the Kubernetes binaries (and, with real nodes, containerd and runc);
+2. applies example claims and pods from ``e2e/scenarios/`` (one namespace each);
+3. waits until each pod is scheduled and its claims allocated; then reads what each container
+   saw: on a real node from the container's log, on a simulated node by calling
+   NodePrepareResources as the kubelet would and resolving the returned CDI device IDs;
+4. prints the table pod → claim → node → device → what the container saw, and how to explore
+   and tear down. Everything stays up until ``python -m e2e.demo down``.
+
+``python -m e2e.demo status`` prints the running demo's kubeconfig and nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from e2e import demo_env, demo_view
+from e2e.demo_env import DemoState, NodeInfo
+from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
+from e2e.suite.views import LogIncomplete, parse_report
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS_DIR = REPO_ROOT / "e2e" / "scenarios"
+# Shown in this order; together they fit the two nodes' GPUs (8 H200, A100s with MIG).
+DEMO_SCENARIOS = (
+    "one-gpu",
+    "two-gpus",
+    "gpu-by-product",
+    "gpu-by-memory",
+    "mig-by-profile",
+    "gpu-config",
+    "shared-by-containers",
+    "shared-by-pods",
+)
+NAMESPACE_PREFIX = "demo-"
+WAIT_S = 120.0
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# ----- the background environment ------------------------------------------------------------
+
+
+def start_environment() -> DemoState:
+    """Start the supervisor and follow its log until the environment is ready."""
+    demo_env.demo_dir().mkdir(parents=True, exist_ok=True)
+    demo_env.state_file().unlink(missing_ok=True)
+    log = demo_env.supervisor_log()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    started = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "e2e.demo", "_serve"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    with log.open() as follow:
+        while (state := demo_env.read_state()) is None:
+            sys.stderr.write(follow.read())
+            if proc.poll() is not None:
+                sys.stderr.write(follow.read())
+                raise SystemExit(f"the demo environment failed to start (log: {log})")
+            time.sleep(0.3)
+        sys.stderr.write(follow.read())
+    _err(f"[demo] environment ready in {time.monotonic() - started:.0f} s")
+    return state
+
+
+def stop_environment() -> bool:
+    """Stop a running demo; True if one was running."""
+    state = demo_env.read_state()
+    if state is None:
+        return False
+    os.kill(state.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while demo_env.read_state() is not None or demo_env._alive(state.pid):
+        if time.monotonic() > deadline:
+            os.killpg(state.pid, signal.SIGKILL)
+            break
+        time.sleep(0.2)
+    return True
+
+
+# ----- applying the examples and observing them ----------------------------------------------
+
+
+def apply_scenarios(kube: Kube, state: DemoState) -> list[tuple[str, str]]:
+    """Create each scenario in its own namespace; (namespace, pod name) of every pod."""
+    real = [n.name for n in state.nodes if n.real]
+    pods: list[tuple[str, str]] = []
+    for name in DEMO_SCENARIOS:
+        namespace = NAMESPACE_PREFIX + name
+        kube.create_namespace(namespace)
+        for doc in load_manifests(SCENARIOS_DIR / name):
+            if doc["kind"] == "Pod" and real:
+                # Real containers only run on real nodes: keep the pods off simulated ones.
+                selector = dict([demo_env.REAL_NODE_LABEL])
+                doc = {**doc, "spec": {**doc["spec"], "nodeSelector": selector}}
+            kube.create(namespace, doc)
+            if doc["kind"] == "Pod":
+                pods.append((namespace, doc["metadata"]["name"]))
+    return pods
+
+
+def _placed(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    """The pod once it is bound and all its claims are allocated (or it is unschedulable)."""
+    pod = kube.pod(namespace, name)
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    if any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions):
+        return pod
+    if not pod["spec"].get("nodeName"):
+        return None
+    for claim_name in demo_view.pod_claim_names(pod).values():
+        claim = kube.claim(namespace, claim_name)
+        if not claim or not (claim.get("status") or {}).get("allocation"):
+            return None
+    return pod
+
+
+def _claim_cell(kube: Kube, namespace: str, claims: list[str]) -> tuple[str, str]:
+    """(claim names, allocated devices) for the table."""
+    devices = []
+    for name in claims:
+        claim = kube.claim(namespace, name) or {}
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+        devices += [r["device"] for r in results.get("results") or []]
+    return "\n".join(claims) or "-", "\n".join(devices) or "-"
+
+
+def _observe_log(kube: Kube, namespace: str, pod: str, container: str) -> str:
+    def report() -> str | None:
+        try:
+            return demo_view.summarize(parse_report(kube.log(namespace, pod, container)))
+        except LogIncomplete:
+            return None
+
+    return wait_for(f"the log of {namespace}/{pod}/{container}", report, timeout=WAIT_S)
+
+
+def _observe_cdi(kube: Kube, node: NodeInfo, pod: dict[str, Any], container: dict[str, Any]) -> str:
+    from e2e import demo_prepare
+
+    namespace = pod["metadata"]["namespace"]
+    claim_names = demo_view.pod_claim_names(pod)
+    wanted = demo_view.container_claims(container)
+    claims = {
+        claim_names[ref]: kube.claim(namespace, claim_names[ref]) or {}
+        for ref, _ in wanted
+        if ref in claim_names
+    }
+    prepared = demo_prepare.prepare(
+        Path(node.dra_socket),
+        [(namespace, c["metadata"]["uid"], name) for name, c in claims.items() if c],
+    )
+    ids: list[str] = []
+    for ref, request in wanted:
+        result = prepared.get(
+            claims.get(claim_names.get(ref, ""), {}).get("metadata", {}).get("uid", "")
+        )
+        if result is None:
+            continue
+        if isinstance(result, str):
+            return f"prepare failed: {result}"
+        for device in result:
+            if request is None or not device.request_names or request in device.request_names:
+                ids += [i for i in device.cdi_device_ids if i not in ids]
+    specs = demo_prepare.read_cdi_specs(Path(node.cdi_root))
+    return demo_view.summarize(demo_view.cdi_view(specs, ids))
+
+
+def observe(kube: Kube, state: DemoState, namespace: str, name: str) -> list[demo_view.Row]:
+    """The table rows of one pod: one per container."""
+    try:
+        pod = wait_for(
+            f"pod {namespace}/{name} to be scheduled",
+            lambda: _placed(kube, namespace, name),
+            timeout=WAIT_S,
+        )
+    except WaitTimeout as exc:
+        return [demo_view.Row(f"{namespace}/{name}", "-", "-", "-", str(exc), "")]
+    node_name = pod["spec"].get("nodeName") or ""
+    node = next((n for n in state.nodes if n.name == node_name), None)
+    claim_names = demo_view.pod_claim_names(pod)
+    rows = []
+    containers = pod["spec"]["containers"]
+    for container in containers:
+        scenario = namespace.removeprefix(NAMESPACE_PREFIX)
+        label = f"{scenario}/{name}" + (f" [{container['name']}]" if len(containers) > 1 else "")
+        refs = [
+            claim_names[r] for r, _ in demo_view.container_claims(container) if r in claim_names
+        ]
+        claim_cell, device_cell = _claim_cell(kube, namespace, refs)
+        if node is None:
+            saw, source = "Pending: no node has matching free devices", ""
+        elif node.real:
+            saw, source = _observe_log(kube, namespace, name, container["name"]), "log"
+        else:
+            saw, source = _observe_cdi(kube, node, pod, container), "cdi"
+        rows.append(demo_view.Row(label, claim_cell, node_name or "-", device_cell, saw, source))
+    return rows
+
+
+# ----- output --------------------------------------------------------------------------------
+
+
+def explore_text(state: DemoState) -> str:
+    kubectl = f"{state.kubectl} --kubeconfig {state.kubeconfig}"
+    lines = [
+        "",
+        "Nodes:",
+        *(
+            f"  {n.name:9} {'real (kubelet + containerd)' if n.real else 'simulated (no kubelet)'}"
+            f", profile {n.profile}; plugin log {n.plugin_log}"
+            + (f"\n            {n.note}" if n.note else "")
+            for n in state.nodes
+        ),
+        "",
+        f"Each example runs in namespace {NAMESPACE_PREFIX}<example>; POD is <example>/<pod>.",
+        "(log) = read from the container's log; (CDI) = the environment and device nodes the",
+        "container would get: NodePrepareResources called as the kubelet would, its CDI device",
+        "IDs resolved in the plugin's CDI directory, as the container runtime does.",
+        "",
+        "Explore:",
+        f"  export KUBECONFIG={state.kubeconfig}",
+        f"  alias kubectl={state.kubectl}",
+        "  kubectl get resourceslices -o wide",
+        "  kubectl get deviceclasses",
+        "  kubectl get resourceclaims -A",
+        "  kubectl get pods -A -o wide",
+        f"  ls {' '.join(sorted({n.cdi_root for n in state.nodes}))}",
+        f"  (or, without the alias: {kubectl} get resourceslices)",
+        "",
+        "Tear down:",
+        "  .venv/bin/python -m e2e.demo down",
+    ]
+    return "\n".join(lines)
+
+
+def cmd_run(_: argparse.Namespace) -> int:
+    if stop_environment():
+        _err("[demo] stopped the previous demo")
+    state = start_environment()
+    kube = Kube.from_kubeconfig(state.kubeconfig)
+    _err("[demo] applying example claims and pods from e2e/scenarios/")
+    pods = apply_scenarios(kube, state)
+    rows = [row for namespace, name in pods for row in observe(kube, state, namespace, name)]
+    print()
+    print(demo_view.render_table(rows))
+    print(explore_text(state))
+    return 0
+
+
+def cmd_down(_: argparse.Namespace) -> int:
+    _err("[demo] stopped" if stop_environment() else "[demo] no demo is running")
+    return 0
+
+
+def cmd_status(_: argparse.Namespace) -> int:
+    state = demo_env.read_state()
+    if state is None:
+        _err("no demo is running; start one with: make demo")
+        return 1
+    print(
+        json.dumps(
+            {
+                "kubeconfig": state.kubeconfig,
+                "kubectl": state.kubectl,
+                "nodes": [n.__dict__ for n in state.nodes],
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("run", help="(default) start the demo and print the table").set_defaults(
+        func=cmd_run
+    )
+    sub.add_parser("down", help="stop the demo and remove its files").set_defaults(func=cmd_down)
+    sub.add_parser("status", help="where the running demo is").set_defaults(func=cmd_status)
+    sub.add_parser("_serve").set_defaults(func=lambda _: demo_env.serve())
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", cmd_run)
+    return int(func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,280 @@
+"""The demo's environment: a local cluster with the driver on two GPU nodes, kept up in background.
+
+``python -m e2e.demo`` starts ``python -m e2e.demo _serve`` as a detached supervisor (its own
+session) that owns everything and tears it down on SIGTERM (``python -m e2e.demo down``):
+
+1. the control plane (``e2e.cluster.Cluster``; Kubernetes binaries are built the first time);
+2. two GPU nodes, ``demo-h200`` (profile ``h200x8``: 8 full H200) and ``demo-a100`` (profile
+   ``a100x4-mig``: A100s with MIG devices). Each is a *real* node (kubelet + containerd + runc
+   from ``e2e.node``, so pods really run) when that works on this machine, else a *simulated*
+   node: a Node object without a kubelet, whose Lease the supervisor keeps renewing;
+3. one kubelet plugin per node (simulated GPUs) and the controller (DeviceClasses), as processes;
+4. it waits until both nodes' ResourceSlices and the DeviceClasses are in the API, then writes
+   ``<cache>/demo/state.json``: the supervisor's pid, the kubeconfig, and per node whether it is
+   real and where its plugin's DRA socket and CDI directory are.
+
+Real nodes need root and a cgroup/network setup the harness can create; ``DRA_GPU_DEMO_REAL_NODES``
+is ``auto`` (default: try, fall back to simulated and say why), ``yes`` (fail instead) or ``no``.
+The supervisor prints progress lines; the foreground command shows them while it waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from e2e import binaries, procs
+from e2e.cluster import Cluster
+from e2e.driver import ManagedProcess, PluginProcess, controller_process
+
+NODE_PROFILES = {"demo-h200": "h200x8", "demo-a100": "a100x4-mig"}
+# Simulated nodes carry the label GPU Feature Discovery puts on real GPU nodes.
+GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
+REAL_NODE_LABEL = ("dra-gpu.test/real-node", "true")
+READY_TIMEOUT_S = 180.0
+
+
+def demo_dir() -> Path:
+    return binaries.cache_root() / "demo"
+
+
+def state_file() -> Path:
+    return demo_dir() / "state.json"
+
+
+def supervisor_log() -> Path:
+    return demo_dir() / "supervisor.log"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    profile: str
+    real: bool
+    dra_socket: str
+    cdi_root: str
+    plugin_log: str
+    note: str = ""  # why a node is simulated, when a real one was wanted
+
+
+@dataclass(frozen=True)
+class DemoState:
+    pid: int
+    workdir: str
+    kubeconfig: str
+    server: str
+    kubectl: str
+    controller_log: str
+    nodes: tuple[NodeInfo, ...]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DemoState:
+        nodes = tuple(NodeInfo(**n) for n in data.pop("nodes"))
+        return cls(nodes=nodes, **data)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # Guard against pid reuse: still our supervisor, and not a zombie.
+    return b"e2e.demo" in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def read_state() -> DemoState | None:
+    """The running demo, or None."""
+    try:
+        state = DemoState.from_json(json.loads(state_file().read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return state if _alive(state.pid) else None
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def real_nodes_wanted() -> str:
+    mode = os.environ.get("DRA_GPU_DEMO_REAL_NODES", "auto").strip().lower()
+    if mode not in ("auto", "yes", "no"):
+        raise SystemExit(f"DRA_GPU_DEMO_REAL_NODES must be auto, yes or no, not {mode!r}")
+    if mode == "auto" and (sys.platform != "linux" or os.geteuid() != 0):
+        return "unavailable"
+    return mode
+
+
+def _serve_healthz(plugin: PluginProcess) -> None:
+    """Give the plugin a real /healthz port (port 0 is refused by the plugin's settings)."""
+    argv = plugin.argv
+    if "--healthz-port" in argv:
+        argv[argv.index("--healthz-port") + 1] = str(procs.free_ports(1)[0])
+
+
+class Environment:
+    """Everything the supervisor started, in the order it must be stopped."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.cluster = Cluster(workdir=workdir / "cluster", log=_say)
+        self.nodes: list[Any] = []  # e2e.node.Node, imported lazily (needs root tooling)
+        self.plugins: dict[str, PluginProcess] = {}
+        self.infos: list[NodeInfo] = []
+        self.controller: ManagedProcess | None = None
+
+    def up(self) -> None:
+        _say("[demo] starting the control plane (Kubernetes binaries are built the first time)")
+        self.cluster.up()
+        self.controller = controller_process(
+            kubeconfig=self.cluster.kubeconfig, log_path=self.workdir / "controller.log"
+        ).start()
+        mode = real_nodes_wanted()
+        note = {
+            "no": "real nodes off (DRA_GPU_DEMO_REAL_NODES=no)",
+            "unavailable": "real nodes need root on Linux",
+        }.get(mode, "")
+        for name, profile in NODE_PROFILES.items():
+            real = False
+            if mode in ("auto", "yes") and not note:
+                real, note = self._try_real_node(name, profile, required=mode == "yes")
+            if not real:
+                self._simulated_node(name, profile, note)
+        self._wait_published()
+
+    def _try_real_node(self, name: str, profile: str, *, required: bool) -> tuple[bool, str]:
+        _say(f"[demo] starting real node {name} (kubelet + containerd; built the first time)")
+        try:
+            from e2e.node import Node
+
+            node = Node(self.cluster, name=name, workdir=self.workdir / name, log=_say).up()
+        except Exception as exc:  # any failure: fall back, and say why
+            if required:
+                raise
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            _say(f"[demo] real node {name} unavailable ({reason}); using simulated nodes")
+            return False, f"real node unavailable: {reason}"
+        self.nodes.append(node)
+        plugin = PluginProcess.for_node(node, kubeconfig=self.cluster.kubeconfig, profile=profile)
+        self._add_plugin(name, profile, plugin, real=True, note="")
+        return True, ""
+
+    def _simulated_node(self, name: str, profile: str, note: str) -> None:
+        _say(f"[demo] registering simulated node {name} (profile {profile}, no kubelet)")
+        self.cluster.register_node(name, labels=dict(GPU_NODE_LABELS))
+        plugin = PluginProcess.simulated(
+            self.workdir / "plugins",
+            node_name=name,
+            kubeconfig=self.cluster.kubeconfig,
+            profile=profile,
+        )
+        self._add_plugin(name, profile, plugin, real=False, note=note)
+
+    def _add_plugin(
+        self, name: str, profile: str, plugin: PluginProcess, *, real: bool, note: str
+    ) -> None:
+        _serve_healthz(plugin)
+        self.plugins[name] = plugin
+        self.infos.append(
+            NodeInfo(
+                name=name,
+                profile=profile,
+                real=real,
+                dra_socket=str(plugin.dirs.data / "dra.sock"),
+                cdi_root=str(plugin.dirs.cdi_root),
+                plugin_log=str(plugin.log_path),
+                note=note,
+            )
+        )
+        plugin.start()
+
+    def _wait_published(self) -> None:
+        from e2e.suite.kube import Kube, wait_for
+
+        kube = Kube(self.cluster.api_client())
+        _say("[demo] waiting for the plugins to publish ResourceSlices")
+        for name, plugin in self.plugins.items():
+
+            def published(node: str = name, proc: PluginProcess = plugin) -> bool | None:
+                if not proc.alive:
+                    raise RuntimeError(f"the plugin of {node} exited:\n{proc.log_tail()}")
+                slices = kube.slices()
+                return True if any(s["spec"].get("nodeName") == node for s in slices) else None
+
+            wait_for(f"ResourceSlices of {name}", published, timeout=READY_TIMEOUT_S)
+        for cls in ("gpu.nvidia.com", "mig.nvidia.com"):
+            wait_for(
+                f"DeviceClass {cls} (made by the controller)",
+                lambda c=cls: (
+                    kube.custom.get_cluster_custom_object(
+                        "resource.k8s.io", "v1", "deviceclasses", c
+                    )
+                    or None
+                ),
+                timeout=READY_TIMEOUT_S,
+            )
+
+    def state(self) -> DemoState:
+        assert self.controller is not None
+        return DemoState(
+            pid=os.getpid(),
+            workdir=str(self.workdir),
+            kubeconfig=str(self.cluster.kubeconfig),
+            server=self.cluster.server,
+            kubectl=str(self.cluster.bin("kubectl")),
+            controller_log=str(self.controller.log_path),
+            nodes=tuple(self.infos),
+        )
+
+    def down(self) -> None:
+        for plugin in self.plugins.values():
+            plugin.stop()
+        if self.controller is not None:
+            self.controller.stop()
+        for node in reversed(self.nodes):
+            with contextlib.suppress(Exception):
+                node.down()
+        self.cluster.down()
+
+
+def serve() -> int:
+    """The supervisor: bring everything up, publish the state, wait for SIGTERM, tear down."""
+    stop = threading.Event()
+    ready = False
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+        if not ready:  # interrupt start-up; the finally below tears down what started
+            raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    workdir = demo_dir() / "env"
+    shutil.rmtree(workdir, ignore_errors=True)
+    env = Environment(workdir)
+    try:
+        env.up()
+        tmp = state_file().with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(env.state()), indent=2) + "\n")
+        os.replace(tmp, state_file())
+        ready = True
+        _say("[demo] environment up")
+        stop.wait()
+        _say("[demo] stopping")
+    except Exception as exc:
+        _say(f"[demo] failed: {exc}")
+        return 1
+    finally:
+        state_file().unlink(missing_ok=True)
+        env.down()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0

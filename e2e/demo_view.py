@@ -1,0 +1,137 @@
+"""The demo's table: pod → claim → node → device → what the container saw (pure functions).
+
+"What the container saw" has two sources, rendered the same way:
+
+- on a real node, the container's own report in its log (``e2e.suite.views.parse_report``);
+- on a simulated node (no kubelet, so no container), the CDI edits the container *would* get:
+  the demo calls NodePrepareResources like the kubelet, and resolves the returned CDI device IDs
+  in the plugin's CDI directory (``cdi_view``), exactly as the runtime would.
+
+Either way the result is a ``ContainerView`` (environment + device node paths), summarised per
+device from the ``GPU_DEVICE_<i>*`` variables the driver's CDI specs set.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from e2e.suite.views import ContainerView
+
+_DEVICE_VAR = re.compile(r"^GPU_DEVICE_(\d+)$")
+
+
+def pod_claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
+    """Pod-level claim name -> ResourceClaim name (template claims via the pod's status)."""
+    statuses = {
+        s["name"]: s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    names: dict[str, str] = {}
+    for ref in pod["spec"].get("resourceClaims") or []:
+        claim = ref.get("resourceClaimName") or statuses.get(ref["name"])
+        if claim:
+            names[ref["name"]] = claim
+    return names
+
+
+def container_claims(container: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """(pod-level claim name, request or None) for each claim a container uses."""
+    refs = (container.get("resources") or {}).get("claims") or []
+    return [(str(r["name"]), r.get("request")) for r in refs]
+
+
+def cdi_view(specs: Iterable[Mapping[str, Any]], device_ids: Sequence[str]) -> ContainerView:
+    """The env and device nodes a runtime applies for ``device_ids`` (``kind=name``).
+
+    Spec-level edits apply once if any device of that spec is used; device edits per device.
+    An ID that no spec defines is an error, as it is for the runtime.
+    """
+    env: dict[str, str] = {}
+    paths: set[str] = set()
+
+    def apply(edits: Mapping[str, Any]) -> None:
+        for entry in edits.get("env") or []:
+            key, _, value = str(entry).partition("=")
+            env[key] = value
+        paths.update(str(node["path"]) for node in edits.get("deviceNodes") or [])
+
+    wanted = list(device_ids)
+    found: set[str] = set()
+    for spec in specs:
+        kind = spec.get("kind")
+        names = {f"{kind}={d['name']}": d for d in spec.get("devices") or []}
+        used = [i for i in wanted if i in names]
+        if not used:
+            continue
+        apply(spec.get("containerEdits") or {})
+        for device_id in used:
+            apply(names[device_id].get("containerEdits") or {})
+            found.add(device_id)
+    missing = [i for i in wanted if i not in found]
+    if missing:
+        raise ValueError(f"no CDI spec defines {', '.join(missing)}")
+    return ContainerView(env=env, device_paths=frozenset(paths))
+
+
+def summarize(view: ContainerView) -> str:
+    """One line per device the container got: ``gpu-3 NVIDIA H200 /dev/nvidia3 [TimeSlicing]``."""
+    lines = []
+    indexes = sorted(int(m.group(1)) for k in view.env if (m := _DEVICE_VAR.match(k)))
+    gpu_nodes = sorted(view.gpu_nodes, key=lambda p: int(p.removeprefix("/dev/nvidia")))
+    for i in indexes:
+        prefix = f"GPU_DEVICE_{i}"
+        parts = [view.env[prefix], view.env.get(f"{prefix}_PRODUCT", "")]
+        if profile := view.env.get(f"{prefix}_MIG_PROFILE"):
+            parts.append(f"MIG {profile}")
+        strategy = view.env.get(f"{prefix}_SHARING_STRATEGY")
+        interval = view.env.get(f"{prefix}_TIMESLICE_INTERVAL")
+        # Time-slicing at the default interval is what every GPU does unconfigured: not news.
+        if strategy and (strategy, interval or "Default") != ("TimeSlicing", "Default"):
+            parts.append(f"[{strategy}{f' {interval}' if interval else ''}]")
+        lines.append(" ".join(p for p in parts if p))
+    if not lines:
+        return "no GPU"
+    if gpu_nodes:
+        lines[-1] += f" ({', '.join(gpu_nodes)})"
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Row:
+    pod: str  # namespace/name[/container]
+    claim: str
+    node: str
+    devices: str
+    saw: str
+    source: str  # "log", "cdi" or "" when nothing was observed
+
+
+HEADERS = ("POD", "CLAIM", "NODE", "DEVICE", "WHAT THE CONTAINER SAW")
+SOURCE_MARK = {"log": "(log)", "cdi": "(CDI)", "": ""}
+
+
+def render_table(rows: Sequence[Row]) -> str:
+    """A plain-text table; multi-line cells continue on the following lines."""
+    cells = [
+        [r.pod, r.claim, r.node, r.devices, f"{r.saw} {SOURCE_MARK[r.source]}".strip()]
+        for r in rows
+    ]
+    split = [[c.splitlines() or [""] for c in row] for row in cells]
+    widths = [len(h) for h in HEADERS]
+    for row in split:
+        for i, lines in enumerate(row):
+            widths[i] = max(widths[i], *(len(line) for line in lines))
+    out = ["  ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True)).rstrip()]
+    out.append("  ".join("-" * w for w in widths))
+    for row in split:
+        height = max(len(lines) for lines in row)
+        for k in range(height):
+            line = [
+                (lines[k] if k < len(lines) else "").ljust(w)
+                for lines, w in zip(row, widths, strict=True)
+            ]
+            out.append("  ".join(line).rstrip())
+    return "\n".join(out)

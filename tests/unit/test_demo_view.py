@@ -1,0 +1,139 @@
+"""The demo's table, from pods, claims and CDI specs (pure parts of ``e2e.demo_view``).
+
+Cases:
+- CDI device IDs resolve to the spec-level plus the device-level edits, only for the devices
+  asked for; an ID no spec defines is an error (as in the runtime);
+- a container's claims come from the pod's claim names (template claims via the pod status)
+  and its own ``resources.claims``;
+- the summary names each device with product, MIG profile and non-default sharing, and the
+  GPU device nodes; a container without GPU env says so;
+- the table aligns columns and continues multi-line cells on the next lines.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from e2e import demo_view
+from e2e.suite.views import ContainerView
+
+KIND = "k8s.gpu.nvidia.com/claim"
+SPEC = {
+    "cdiVersion": "0.6.0",
+    "kind": KIND,
+    "containerEdits": {"env": ["CLAIM=1"], "deviceNodes": [{"path": "/dev/nvidiactl"}]},
+    "devices": [
+        {
+            "name": "u1-gpu-3",
+            "containerEdits": {
+                "env": ["GPU_DEVICE_0=gpu-3", "GPU_DEVICE_0_PRODUCT=NVIDIA H200"],
+                "deviceNodes": [{"path": "/dev/nvidia3", "hostPath": "/dev/null"}],
+            },
+        },
+        {
+            "name": "u1-gpu-4",
+            "containerEdits": {
+                "env": ["GPU_DEVICE_1=gpu-4"],
+                "deviceNodes": [{"path": "/dev/nvidia4"}],
+            },
+        },
+    ],
+}
+
+
+def test_cdi_ids_resolve_to_spec_and_device_edits() -> None:
+    view = demo_view.cdi_view([SPEC], [f"{KIND}=u1-gpu-3"])
+    assert view.env == {
+        "CLAIM": "1",
+        "GPU_DEVICE_0": "gpu-3",
+        "GPU_DEVICE_0_PRODUCT": "NVIDIA H200",
+    }
+    assert view.device_paths == {"/dev/nvidiactl", "/dev/nvidia3"}
+
+
+def test_spec_without_requested_devices_adds_nothing() -> None:
+    other = {**SPEC, "kind": "example.com/other", "containerEdits": {"env": ["OTHER=1"]}}
+    view = demo_view.cdi_view([other, SPEC], [f"{KIND}=u1-gpu-4"])
+    assert "OTHER" not in view.env
+    assert view.device_names == {"gpu-4"}
+
+
+def test_unknown_cdi_id_is_an_error() -> None:
+    with pytest.raises(ValueError, match="u1-gpu-9"):
+        demo_view.cdi_view([SPEC], [f"{KIND}=u1-gpu-9"])
+
+
+def test_container_claims_follow_pod_claim_names() -> None:
+    pod = {
+        "spec": {
+            "resourceClaims": [
+                {"name": "gpu", "resourceClaimTemplateName": "one-gpu"},
+                {"name": "shared", "resourceClaimName": "shared-gpu"},
+                {"name": "not-yet", "resourceClaimTemplateName": "x"},
+            ]
+        },
+        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "one-gpu-ab"}]},
+    }
+    assert demo_view.pod_claim_names(pod) == {"gpu": "one-gpu-ab", "shared": "shared-gpu"}
+    container = {"resources": {"claims": [{"name": "gpu", "request": "a"}, {"name": "shared"}]}}
+    assert demo_view.container_claims(container) == [("gpu", "a"), ("shared", None)]
+    assert demo_view.container_claims({"name": "plain"}) == []
+
+
+@pytest.mark.parametrize(
+    ("env", "paths", "expected"),
+    [
+        pytest.param(
+            {"GPU_DEVICE_0": "gpu-3", "GPU_DEVICE_0_PRODUCT": "NVIDIA H200"},
+            {"/dev/nvidia3", "/dev/nvidiactl"},
+            "gpu-3 NVIDIA H200 (/dev/nvidia3)",
+            id="full-gpu",
+        ),
+        pytest.param(
+            {
+                "GPU_DEVICE_0": "gpu-1-mig-3g20gb-9-4",
+                "GPU_DEVICE_0_MIG_PROFILE": "3g.20gb",
+                "GPU_DEVICE_0_SHARING_STRATEGY": "TimeSlicing",
+            },
+            {"/dev/nvidia1"},
+            "gpu-1-mig-3g20gb-9-4 MIG 3g.20gb (/dev/nvidia1)",
+            id="mig-default-sharing-hidden",
+        ),
+        pytest.param(
+            {
+                "GPU_DEVICE_0": "gpu-4",
+                "GPU_DEVICE_0_SHARING_STRATEGY": "TimeSlicing",
+                "GPU_DEVICE_0_TIMESLICE_INTERVAL": "Long",
+            },
+            {"/dev/nvidia4"},
+            "gpu-4 [TimeSlicing Long] (/dev/nvidia4)",
+            id="time-slicing-long",
+        ),
+        pytest.param(
+            {"GPU_DEVICE_1": "gpu-10", "GPU_DEVICE_0": "gpu-2"},
+            {"/dev/nvidia10", "/dev/nvidia2"},
+            "gpu-2\ngpu-10 (/dev/nvidia2, /dev/nvidia10)",
+            id="two-devices-in-index-order",
+        ),
+        pytest.param({"PATH": "/bin"}, set(), "no GPU", id="no-gpu"),
+    ],
+)
+def test_summary(env: dict[str, str], paths: set[str], expected: str) -> None:
+    view = ContainerView(env=env, device_paths=frozenset(paths))
+    assert demo_view.summarize(view) == expected
+
+
+def test_table_aligns_columns_and_continues_multiline_cells() -> None:
+    rows = [
+        demo_view.Row("a/pod", "claim-1", "node", "gpu-0\ngpu-1", "gpu-0\ngpu-1", "log"),
+        demo_view.Row("longer/pod-name", "-", "-", "-", "Pending", ""),
+    ]
+    lines = demo_view.render_table(rows).splitlines()
+    assert lines[0].split() == ["POD", "CLAIM", "NODE", "DEVICE", "WHAT", "THE", "CONTAINER", "SAW"]
+    column = lines[0].index("CLAIM")
+    assert lines[2][column:].startswith("claim-1")
+    assert lines[3][: lines[0].index("DEVICE")].strip() == ""
+    assert lines[3][lines[0].index("DEVICE") :].startswith("gpu-1")
+    assert lines[3][lines[0].index("WHAT") :] == "gpu-1 (log)"
+    assert lines[4].startswith("longer/pod-name")
+    assert lines[4].endswith("Pending")
