@@ -4,20 +4,25 @@
   marked ``node``, so ``-m "not cluster and not node"`` selects the unit tier.
 - A unit test may not use the ``cluster`` fixture (collection fails with a clear message): the unit
   tier never starts processes.
-- Missing binaries are built once, right after collection and only when a selected test needs the
-  cluster, so a cold build is not counted against any test's timeout.
-- The ``cluster`` fixture is one control plane per session. If any test failed, the components'
-  log tails are shown in the summary and the work directory is kept; after the session, any process
-  still mentioning a harness work directory fails the run.
+- Missing binaries are built once, right after collection and only when a selected test needs
+  them (the kubelet only for node tests), so a cold build is not counted against a test's timeout.
+- The ``cluster`` fixture is one control plane per session (``cluster_api``: an admin API
+  client for it). If any test failed, the components' log tails are shown in the summary and the
+  work directory is kept; after the session, any process still mentioning a harness work
+  directory fails the run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes.client import ApiClient
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `e2e` is not an installed package; make it importable
@@ -52,8 +57,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly:
         return
-    needs = any(i.get_closest_marker(m) for i in session.items for m in TIER_MARKERS.values())
-    if not needs or not binaries.missing(binaries.CONTROL_PLANE, binaries.Versions.from_env()):
+    wanted: list[str] = []
+    if any(i.get_closest_marker(m) for i in session.items for m in TIER_MARKERS.values()):
+        wanted += binaries.CONTROL_PLANE
+    if any(i.get_closest_marker("node") for i in session.items):
+        wanted += binaries.K8S_CGO  # the kubelet
+    if not binaries.missing(wanted, binaries.Versions.from_env()):
         return
     capture = session.config.pluginmanager.get_plugin("capturemanager")
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -63,8 +72,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             reporter.write_line(line)
 
     with capture.global_and_fixture_disabled():
-        log("building the Kubernetes control-plane binaries (first run only)")
-        binaries.ensure(binaries.CONTROL_PLANE, log=log)
+        log(f"building Kubernetes binaries (first run only): {', '.join(wanted)}")
+        binaries.ensure(wanted, log=log)
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +89,13 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     instance.down(remove_workdir=not failed)
 
 
+@pytest.fixture(scope="session")
+def cluster_api(cluster: Cluster) -> Iterator[ApiClient]:
+    """A ``kubernetes.client.ApiClient`` with the admin identity for the session's cluster."""
+    with cluster.api_client() as api:
+        yield api
+
+
 @pytest.hookimpl(trylast=True)  # after session fixtures are torn down
 def pytest_sessionfinish(session: pytest.Session) -> None:
     left = [p for w in _harness_workdirs for p in procs.leftover_processes(w)]
@@ -87,6 +103,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         procs_text = "\n".join(f"  {pid}: {cmd[:160]}" for pid, cmd in left)
         _failure_logs.append(f"harness processes left after the session:\n{procs_text}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        for pid, _ in left:  # reported and failed; still, nothing outlives the run
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
