@@ -39,6 +39,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ SCHEMA_VERSION: Final = 2
 COMPATIBLE_VERSION: Final = 1  # version 2 only added fields: a version-1 reader can use it
 FILE_NAME: Final = "checkpoint.json"
 LOCK_NAME: Final = "checkpoint.lock"
+TOKEN_BYTES: Final = 32
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 
 PREPARE_STARTED: Final = "PrepareStarted"
@@ -173,7 +175,7 @@ class _Pending:
 @dataclass
 class _Cache:
     checkpoint: Checkpoint
-    stamp: tuple[int, int, int] | None  # (inode, mtime_ns, size) of the file it came from
+    stamp: tuple[bytes, tuple[int, int, int] | None]  # (write token, file identity)
 
 
 @dataclass
@@ -192,21 +194,28 @@ class CheckpointStore:
         return self.state_dir / FILE_NAME
 
     @contextlib.contextmanager
-    def _file_lock(self) -> Iterator[None]:
+    def _file_lock(self) -> Iterator[int]:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            yield fd
         finally:
             os.close(fd)
 
-    def _stamp(self) -> tuple[int, int, int] | None:
+    def _stamp(self, lock_fd: int) -> tuple[bytes, tuple[int, int, int] | None]:
+        """What identifies the file's current content without reading it.
+
+        Every commit first writes a fresh token into the lock file, so a change by another
+        instance is seen even if inode numbers are reused within one timestamp tick; the file's
+        identity catches edits made without the lock.
+        """
+        token = os.pread(lock_fd, TOKEN_BYTES, 0)
         try:
             st = self.path.stat()
         except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
+            return (token, None)
+        return (token, (st.st_ino, st.st_mtime_ns, st.st_size))
 
     def _move_aside(self) -> Path:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
@@ -219,12 +228,12 @@ class CheckpointStore:
         atomicfile.fsync_dir(self.state_dir)
         return target
 
-    def _read(self) -> Checkpoint:
+    def _read(self, lock_fd: int) -> Checkpoint:
         """The on-disk checkpoint (cached while the file is unchanged); needs the file lock."""
-        stamp = self._stamp()
+        stamp = self._stamp(lock_fd)
         if self._cache is not None and self._cache.stamp == stamp:
             return self._cache.checkpoint
-        if stamp is None:
+        if stamp[1] is None:
             checkpoint = Checkpoint()
         else:
             try:
@@ -241,8 +250,8 @@ class CheckpointStore:
 
     def load(self) -> Checkpoint:
         """The current checkpoint; raises CheckpointCorrupt (after moving the file aside)."""
-        with self._file_lock():
-            return self._read()
+        with self._file_lock() as fd:
+            return self._read(fd)
 
     def update(self, mutate: Mutation, *, durable: bool) -> Checkpoint:
         """Apply ``mutate`` to the latest checkpoint and persist it; returns the new value.
@@ -273,8 +282,8 @@ class CheckpointStore:
 
     def _commit(self, batch: list[_Pending]) -> None:
         try:
-            with self._file_lock():
-                checkpoint = self._read()
+            with self._file_lock() as fd:
+                checkpoint = self._read(fd)
                 applied: list[_Pending] = []
                 for item in batch:
                     try:
@@ -286,8 +295,10 @@ class CheckpointStore:
                         applied.append(item)
                 if applied:
                     durable = any(item.durable for item in applied)
+                    # Token before file: a crash in between only makes readers re-read.
+                    os.pwrite(fd, uuid.uuid4().hex.encode()[:TOKEN_BYTES], 0)
                     atomicfile.write_atomic(self.path, encode(checkpoint), durable=durable)
-                    self._cache = _Cache(checkpoint, self._stamp())
+                    self._cache = _Cache(checkpoint, self._stamp(fd))
         except BaseException as exc:
             for item in batch:
                 if item.error is None:

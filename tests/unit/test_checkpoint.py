@@ -13,6 +13,7 @@ Cases:
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -200,3 +201,24 @@ def test_boot_id(tmp_path: Path) -> None:
     assert len(read_boot_id()) == 36
     (tmp_path / "boot_id").write_text("abc\n")
     assert read_boot_id(tmp_path / "boot_id") == "abc"
+
+
+def test_change_with_same_file_identity_is_seen_through_the_token(tmp_path: Path) -> None:
+    """Inode numbers are reused and timestamps are coarse: the lock file's token decides."""
+    a = CheckpointStore(tmp_path)
+    a.update(add("uid-1"), durable=False)
+    path = tmp_path / "checkpoint.json"
+    before = path.stat()
+    # Another instance writes same-size content; the file keeps inode, size and mtime.
+    with open(tmp_path / "checkpoint.lock", "r+b") as lock:
+        lock.write(b"f" * 32)
+    with open(path, "r+b") as f:
+        f.write(path.read_bytes().replace(b"uid-1", b"uid-2"))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    assert set(a.load().claims) == {"uid-2"}
