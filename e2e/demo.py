@@ -76,12 +76,18 @@ def start_environment() -> DemoState:
             start_new_session=True,
         )
     with log.open() as follow:
-        while (state := demo_env.read_state()) is None:
-            sys.stderr.write(follow.read())
-            if proc.poll() is not None:
+        try:
+            while (state := demo_env.read_state()) is None:
                 sys.stderr.write(follow.read())
-                raise SystemExit(f"the demo environment failed to start (log: {log})")
-            time.sleep(0.3)
+                if proc.poll() is not None:
+                    sys.stderr.write(follow.read())
+                    raise SystemExit(f"the demo environment failed to start (log: {log})")
+                time.sleep(0.3)
+        except KeyboardInterrupt:
+            # The supervisor runs in its own session: stop it too (it tears down what it started).
+            proc.terminate()
+            proc.wait()
+            raise
         sys.stderr.write(follow.read())
     _err(f"[demo] environment ready in {time.monotonic() - started:.0f} s")
     return state
