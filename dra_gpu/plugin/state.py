@@ -190,6 +190,11 @@ class DeviceState:
     def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         record = self.store.load().claims.get(ref.uid)
         if record is not None and record.state == PREPARE_COMPLETED:
+            if not cdi.spec_path(self.settings.cdi_root, ref.uid).exists():
+                # Someone removed it since: the answer is only useful with the spec in place.
+                _, problems = self._restore_specs({ref.uid: record})
+                if problems:
+                    raise cdi.CDIError(problems[0])
             return records.prepared_devices(record)
         claim = self._claims.get_claim(namespace=ref.namespace, name=ref.name)
         if claim is None:

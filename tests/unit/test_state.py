@@ -106,6 +106,11 @@ def test_prepare_answer_spec_and_record(env: Env) -> None:
 
     assert state.prepare([ref("u1")]) == out, "prepare twice gives the same answer"
     assert env.fetcher.calls == 1, "a completed claim is answered from the checkpoint"
+    cdi.spec_path(env.cdi_root, ClaimUID("u1")).unlink()
+    assert state.prepare([ref("u1")]) == out
+    assert json.loads(cdi.spec_path(env.cdi_root, ClaimUID("u1")).read_text()) == spec, (
+        "a repeated prepare puts back a spec that went missing"
+    )
 
     assert state.unprepare([ref("u1")]) == {"u1": ""}
     assert env.specs() == set() and env.checkpoint_claims() == {}
