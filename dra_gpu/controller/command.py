@@ -19,9 +19,17 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dra_gpu.controller import admission, certs, electing, kube, leases, reconciling, serving
+from dra_gpu.controller import leases
+
+if TYPE_CHECKING:
+    from dra_gpu.controller import certs, electing, kube, serving
+
+# Heavy modules (cryptography, pydantic, cel-python, the API client) are imported when the
+# command runs, not when the CLI builds its parser: every other subcommand, the kubelet plugin
+# above all, would otherwise pay their start-up time and memory.
+_DEFAULT_CERT_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 log = logging.getLogger("dra_gpu.controller")
 
@@ -70,7 +78,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     web.add_argument(
         "--cert-hosts",
-        default=",".join(certs.DEFAULT_HOSTS),
+        default=",".join(_DEFAULT_CERT_HOSTS),
         help="comma-separated names/IPs of the generated certificate",
     )
     le = p.add_argument_group("leader election (coordination.k8s.io/v1 Lease)")
@@ -89,6 +97,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _start_webhook(
     args: argparse.Namespace,
 ) -> tuple[serving.WebhookServer, certs.ReloadingContext]:
+    from dra_gpu.controller import admission, certs, serving
+
     if (args.tls_cert_file is None) != (args.tls_key_file is None):
         raise SystemExit("--tls-cert-file and --tls-key-file go together")
     if args.tls_cert_file is not None:
@@ -121,6 +131,8 @@ class _AlwaysLeader:
 
 
 def _elector(args: argparse.Namespace, client: kube.Kube) -> electing.Elector:
+    from dra_gpu.controller import electing
+
     try:
         timing = leases.Timing(
             args.lease_duration, args.renew_deadline, args.renew_period, args.retry_period
@@ -157,6 +169,8 @@ def main(args: argparse.Namespace) -> int:
     )
     # urllib3 logs every connection retry as a warning; our loops retry and log once instead.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
+    from dra_gpu.controller import kube, reconciling
+
     stop, elector_stop, wake = threading.Event(), threading.Event(), threading.Event()
     _install_signal_handlers(stop)
     webhook = _start_webhook(args) if args.webhook_port is not None else None

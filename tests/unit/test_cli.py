@@ -22,3 +22,15 @@ def test_console_entry_runs_as_module() -> None:
         [sys.executable, "-m", "dra_gpu", "--help"], capture_output=True, text=True, check=True
     )
     assert "version" in proc.stdout
+
+
+def test_parser_loads_no_heavy_libraries() -> None:
+    # `dra-gpu discover` must run on a bare GPU host (only pynvml there), and the kubelet
+    # plugin's start-up time and memory must not pay for the controller's libraries.
+    code = (
+        "import sys; from dra_gpu import cli; cli.build_parser(); "
+        "print(sorted(m for m in ('kubernetes', 'pydantic', 'cryptography', 'celpy') "
+        "if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
