@@ -16,6 +16,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -203,7 +206,7 @@ class SliceClient:
         return info
 
 
-def _token(cluster: Cluster, *, node: dict[str, Any] | None) -> str:
+def _token(cluster: Cluster, *, node: dict[str, Any] | None, account: str = PLUGIN_SA) -> str:
     from kubernetes import client
 
     spec: dict[str, Any] = {"expirationSeconds": 3600}
@@ -216,7 +219,7 @@ def _token(cluster: Cluster, *, node: dict[str, Any] | None) -> str:
         }
     with contextlib.closing(cluster.api_client()) as api:
         answer = client.CoreV1Api(api).create_namespaced_service_account_token(
-            PLUGIN_SA,
+            account,
             POLICY_NS,
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
         )
@@ -233,6 +236,8 @@ def plugin_identity(cluster: Cluster) -> Iterator[tuple[dict[str, Any], dict[str
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     }
@@ -326,47 +331,44 @@ def test_token_bound_to_no_node_writes_nothing(cluster: Cluster, as_node_a: Slic
     assert "carries no node name" in message
 
 
+def _kubeconfig(cluster: Cluster, path: Path, token: str) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {
+                    "server": cluster.server,
+                    "certificate-authority": str(cluster.ca_cert),
+                },
+            }
+        ],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def test_plugin_publishes_with_only_the_charts_permissions(
     cluster: Cluster, as_node_a: SliceClient, tmp_path: Path
 ) -> None:
     from e2e.driver import PluginProcess
 
-    kubeconfig = tmp_path / "plugin.kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "local",
-                        "cluster": {
-                            "server": cluster.server,
-                            "certificate-authority": str(cluster.ca_cert),
-                        },
-                    }
-                ],
-                "users": [
-                    {
-                        "name": "plugin",
-                        "user": {
-                            "token": _token(cluster, node=cluster.register_node("policy-node-a"))
-                        },
-                    }
-                ],
-                "contexts": [{"name": "plugin", "context": {"cluster": "local", "user": "plugin"}}],
-                "current-context": "plugin",
-            }
-        )
-    )
+    node_a = cluster.register_node("policy-node-a")
+    kubeconfig = _kubeconfig(cluster, tmp_path / "plugin.kubeconfig", _token(cluster, node=node_a))
+    # Unix socket paths are limited to 107 bytes: pytest's tmp_path is too deep for them.
+    short = Path(tempfile.mkdtemp(prefix="dra-gpu-chart-"))
     plugin = PluginProcess.simulated(
-        tmp_path, node_name="policy-node-a", kubeconfig=kubeconfig, profile="h200x8"
+        short, node_name="policy-node-a", kubeconfig=kubeconfig, profile="h200x8"
     )
     plugin.start()
     try:
 
         def published() -> bool:
-            if not plugin.alive():
+            if not plugin.alive:
                 raise AssertionError(f"the plugin exited:\n{plugin.log_tail()}")
             out = cluster.kubectl(
                 "get",
@@ -380,7 +382,48 @@ def test_plugin_publishes_with_only_the_charts_permissions(
 
         try:
             _wait(published, "the plugin to publish node A's 8 simulated GPUs")
-        except AssertionError:
-            raise AssertionError(plugin.log_tail()) from None
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{plugin.log_tail()}") from None
+        assert "403" not in plugin.log_tail(200), plugin.log_tail(200)
     finally:
         plugin.stop()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_controller_runs_with_only_the_charts_permissions(
+    cluster: Cluster, plugin_identity: object, tmp_path: Path
+) -> None:
+    """The chart's controller identity can take its Lease and keep the DeviceClasses applied."""
+    import sys
+
+    from e2e.driver import ManagedProcess
+
+    account = "dra-gpu-controller"
+    token = _token(cluster, node=None, account=account)
+    kubeconfig = _kubeconfig(cluster, tmp_path / "controller.kubeconfig", token)
+    argv = [sys.executable, "-m", "dra_gpu", "controller", "--kubeconfig", str(kubeconfig)]
+    argv += ["--lease-namespace", POLICY_NS, "--lease-name", account, "--identity", "chart-test"]
+    controller = ManagedProcess("controller", argv, tmp_path / "controller.log", dict(os.environ))
+    # Gone before the controller starts, so it must create it (not just find it).
+    cluster.kubectl("delete", "deviceclass", "mig.nvidia.com", "--ignore-not-found")
+    controller.start()
+    try:
+
+        def lease_held() -> bool:
+            if not controller.alive:
+                raise AssertionError(f"the controller exited:\n{controller.log_tail()}")
+            out = cluster.kubectl(
+                "get", "lease", "-n", POLICY_NS, account, "-o", "json", check=False
+            )
+            return bool(out) and json.loads(out)["spec"].get("holderIdentity") == "chart-test"
+
+        _wait(lease_held, "the controller to take its Lease")
+
+        def classes_applied() -> bool:
+            classes = json.loads(cluster.kubectl("get", "deviceclasses", "-o", "json"))["items"]
+            return {"gpu.nvidia.com", "mig.nvidia.com"} <= {c["metadata"]["name"] for c in classes}
+
+        _wait(classes_applied, "the controller to create the DeviceClasses")
+        assert "403" not in controller.log_tail(200), controller.log_tail(200)
+    finally:
+        controller.stop()
