@@ -124,9 +124,15 @@ class NodePlugin:
         log.info("listening on %s", path)
 
     def _start_dra_server(self) -> grpc.Server:
+        # Only instances of a rolling update share the node with another instance: there the
+        # calls are serialized across processes. A lone instance runs claims concurrently;
+        # prepare's per-claim locks and the checkpoint's file lock keep that safe.
+        interceptors = (
+            [call_lock.SerializeDraCalls(self._paths.lock)] if self._settings.rolling_update else []
+        )
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"),
-            interceptors=[call_lock.SerializeDraCalls(self._paths.lock)],
+            interceptors=interceptors,
         )
         self._register_dra(server)
         device_health.add_to_server(server, self.health)

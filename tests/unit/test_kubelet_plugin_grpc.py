@@ -230,9 +230,12 @@ def test_refused_registration_is_logged_as_error(
     assert any("REFUSED" in m and "version not supported" in m for m in errors)
 
 
-def test_dra_calls_wait_for_the_node_wide_lock(start_plugin: Any, short_root: Path) -> None:
-    start_plugin()
-    p = paths(short_root)
+def test_rolling_update_calls_wait_for_the_node_wide_lock(
+    start_plugin: Any, short_root: Path
+) -> None:
+    uid = "pod-a"  # short: unix socket paths are limited to 107 bytes
+    start_plugin("--pod-uid", uid)
+    p = paths(short_root, "--pod-uid", uid)
     request = dra_v1_pb2.NodePrepareResourcesRequest()
     with channel(p.dra) as ch:
         stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
@@ -240,6 +243,19 @@ def test_dra_calls_wait_for_the_node_wide_lock(start_plugin: Any, short_root: Pa
             stub.NodePrepareResources(request, timeout=0.5)
         assert blocked.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert stub.NodePrepareResources(request, timeout=TIMEOUT_S) is not None
+
+
+def test_single_instance_calls_do_not_wait_for_the_lock(
+    start_plugin: Any, short_root: Path
+) -> None:
+    start_plugin()
+    p = paths(short_root)
+    with channel(p.dra) as ch, call_lock.held(p.lock):
+        stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+        reply = stub.NodePrepareResources(
+            dra_v1_pb2.NodePrepareResourcesRequest(), timeout=TIMEOUT_S
+        )
+        assert reply is not None
 
 
 def test_stop_removes_both_sockets(start_plugin: Any, short_root: Path) -> None:
