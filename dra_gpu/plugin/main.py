@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
-    from dra_gpu.plugin import apierrors, inventory, kubeapi, node_plugin, sockets
+    from dra_gpu.plugin import apierrors, checkpoint, inventory, kubeapi, node_plugin, sockets
 
     try:
         devices = inventory.discover(
@@ -124,6 +124,10 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
             pass
     except (sockets.SocketError, OSError) as err:
         log.error("cannot serve: %s", err)
+        return 1
+    except checkpoint.CheckpointError as err:
+        # E.g. a checkpoint written by a newer release: refuse to start, touch nothing.
+        log.error("cannot start: %s", err)
         return 1
     finally:
         plugin.stop()

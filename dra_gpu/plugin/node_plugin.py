@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -127,7 +128,7 @@ class NodePlugin:
         # Only instances of a rolling update share the node with another instance: there the
         # calls are serialized across processes. A lone instance runs claims concurrently;
         # prepare's per-claim locks and the checkpoint's file lock keep that safe.
-        interceptors = (
+        interceptors: list[grpc.ServerInterceptor[Any, Any]] = (
             [call_lock.SerializeDraCalls(self._paths.lock)] if self._settings.rolling_update else []
         )
         server = grpc.server(
