@@ -17,6 +17,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -111,6 +112,7 @@ VARIANTS: dict[str, dict[str, str | bool | int]] = {
         "controller.deviceClasses.classes[0].productName": "NVIDIA H200",
         "controller.extendedResourceName": "nvidia.com/gpu",
         "kubeletPlugin.stateDir": "/var/lib/dra-gpu",
+        "kubeletPlugin.driverRoot": "/run/nvidia/driver",
     },
     "webhook-cert-manager": {"webhook.enabled": True, "webhook.certManager.enabled": True},
 }
@@ -134,6 +136,20 @@ def test_api_server_accepts_every_rendered_object(
     )
     applied = [line for line in out.splitlines() if "serverside-applied" in line]
     assert len(applied) == len(_docs(rendered)), out
+
+
+def yaml_blocks(markdown: str) -> list[dict[str, Any]]:
+    blocks = re.findall(r"^```yaml\n(.*?)^```", markdown, re.MULTILINE | re.DOTALL)
+    return [doc for block in blocks for doc in yaml.safe_load_all(block) if doc]
+
+
+def test_every_example_in_the_docs_is_accepted(cluster: Cluster, namespace: str) -> None:
+    docs = yaml_blocks((helm.CHART.parents[2] / "docs" / "examples.md").read_text())
+    assert len(docs) >= 8
+    for doc in docs:
+        cluster.kubectl(
+            "create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(doc)
+        )
 
 
 def test_webhook_without_a_certificate_source_does_not_render() -> None:
