@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -80,6 +81,21 @@ def test_committed_plain_manifests_match_the_chart() -> None:
     for path, text in helm.render_committed().items():
         assert path.is_file(), f"{path} is missing: run python -m e2e.helm render"
         assert path.read_text() == text, f"{path} is stale: run python -m e2e.helm render"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[], ["--set", "simulate.enabled=true,webhook.enabled=true,webhook.certManager.enabled=true"]],
+    ids=["defaults", "simulated-webhook"],
+)
+def test_chart_passes_helm_lint(values: list[str]) -> None:
+    proc = subprocess.run(
+        [str(helm.ensure_helm()), "lint", "--strict", str(helm.CHART), *values],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
