@@ -232,6 +232,9 @@ class Cluster:
         procs.stop_many(running, grace_s=0.0)
         if remove_workdir and self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        else:
+            # Kept for its logs; etcd's data (a 64 MB preallocated WAL) helps no post-mortem.
+            shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
 
     def __enter__(self) -> Cluster:
         return self.up()
