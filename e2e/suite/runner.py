@@ -290,7 +290,10 @@ def _check_unschedulable(ctx: Context, run: Run, name: str) -> list[str]:
                 return dict(cond)
         return None
 
-    cond = wait_for(f"pod {name} reported unschedulable", unschedulable, timeout=ctx.timeout)
+    try:
+        cond = wait_for(f"pod {name} reported unschedulable", unschedulable, timeout=ctx.timeout)
+    except AssertionError as e:
+        return [f"{e}\n  {_pod_summary(ctx, run.namespace, name)}"]
     run.pods[name] = ctx.kube.pod(run.namespace, name)
     message = str(cond.get("message", ""))
     ctx.log(f"  scheduler: {message}")
