@@ -115,7 +115,7 @@ def real_nodes_wanted() -> str:
 
 
 def _serve_healthz(plugin: PluginProcess) -> None:
-    """Give the plugin a real /healthz port (port 0 is refused by the plugin's settings)."""
+    """Serve the plugin's /healthz on a free port (``e2e.driver`` starts plugins with it off)."""
     argv = plugin.argv
     if "--healthz-port" in argv:
         argv[argv.index("--healthz-port") + 1] = str(procs.free_ports(1)[0])
