@@ -18,11 +18,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from e2e import procs
+from e2e.suite.kube import RESOURCE, Kube, wait_for
 
 if TYPE_CHECKING:
     from e2e.node import Node
@@ -137,6 +139,22 @@ class PluginProcess(ManagedProcess):
             log_path=root / "plugin.log",
         )
 
+    def registrations(self) -> int:
+        """How often the kubelet confirmed registration (the plugin logs each confirmation)."""
+        if not self.log_path.is_file():
+            return 0
+        return self.log_path.read_text(errors="replace").count("registered with the kubelet")
+
+    def wait_registered(self, *, after: int = 0, timeout: float = 60.0) -> None:
+        """Wait until the kubelet confirmed more than ``after`` registrations."""
+        deadline = time.monotonic() + timeout
+        while self.registrations() <= after:
+            if not self.alive:
+                raise RuntimeError(f"{self.name} exited:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the kubelet did not register {self.name}:\n{self.log_tail()}")
+            time.sleep(0.2)
+
     def registered_socket(self) -> Path | None:
         """The registration socket the kubelet watches, once the plugin has created it."""
         sockets = sorted(self.dirs.registry.glob(f"{DRIVER_NAME}*-reg.sock"))
@@ -150,3 +168,32 @@ def controller_process(*, kubeconfig: Path, log_path: Path) -> ManagedProcess:
         "--no-leader-elect",
     ]
     return ManagedProcess("controller", argv, log_path, _python_env())
+
+
+@dataclass
+class Driver:
+    """The driver on the local cluster: the controller and one plugin per real node."""
+
+    controller: ManagedProcess
+    plugins: dict[str, PluginProcess]
+
+    def wait_ready(self, kube: Kube, *, timeout: float = 60.0) -> None:
+        """Each plugin is registered with its kubelet and its node's devices are published; the
+        DeviceClasses exist."""
+        for plugin in self.plugins.values():
+            plugin.wait_registered(timeout=timeout)
+        for node in self.plugins:
+            wait_for(f"ResourceSlices of {node}", _pool_published(kube, node), timeout=timeout)
+        for name in ("gpu.nvidia.com", "mig.nvidia.com"):
+            wait_for(f"DeviceClass {name}", _device_class(kube, name), timeout=timeout)
+
+
+def _pool_published(kube: Kube, node: str) -> Callable[[], bool | None]:
+    return lambda: True if any(s["spec"].get("nodeName") == node for s in kube.slices()) else None
+
+
+def _device_class(kube: Kube, name: str) -> Callable[[], bool | None]:
+    group, version = RESOURCE
+    return lambda: bool(
+        kube.custom.get_cluster_custom_object(group, version, "deviceclasses", name)
+    )

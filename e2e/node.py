@@ -10,7 +10,7 @@ the node's directory, its cgroup root, its bridge, and the directory itself.
 
 Invariants:
 - Everything the node writes is under ``paths.root`` (see ``e2e.node_config``), except the cgroup
-  ``/dra-gpu-<name>``, the CNI bridge and the interface holding the node IP, all three
+  ``/dra-gpu-<name>-<hash>``, the CNI bridge and the interface holding the node IP, all three
   named after the node and removed by ``down()``.
 - The DRA kubelet plugin registers through ``paths.plugin_registry_dir`` (the kubelet's real
   registry directory) and writes CDI specs to ``cdi_root``, which containerd reads.
@@ -38,14 +38,17 @@ from e2e.node_config import (
     KubeletPorts,
     NodePaths,
     bridge_name,
+    cgroup_root,
     cni_config,
     containerd_config,
     kubelet_config,
     node_ip,
     node_link,
+    pod_subnet,
 )
 
 Log = Callable[[str], None]
+_SUBNETS: set[str] = set()  # pod subnets of this process's live nodes
 
 
 class ClusterLike(Protocol):
@@ -85,8 +88,9 @@ class Node:
         root = workdir or Path(tempfile.mkdtemp(prefix=f"dra-gpu-{name}-"))
         self.paths = NodePaths(root)
         self.cdi_root = cdi_root or root / "cdi"
-        self.cgroup_root = f"/dra-gpu-{name}"
+        self.cgroup_root = cgroup_root(self.paths, name)
         self.ip = node_ip(self.paths)
+        self.subnet = ""
         self.log = log
         self.ports = KubeletPorts(server=free_port(), healthz=free_port())
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -139,6 +143,7 @@ class Node:
         node_cleanup.unmount_under(self.paths.root)
         node_cleanup.delete_link(bridge_name(self.paths))
         node_cleanup.delete_link(node_link(self.paths))
+        _SUBNETS.discard(self.subnet)
         if self._own_dir:
             shutil.rmtree(self.paths.root, ignore_errors=True)
 
@@ -165,7 +170,11 @@ class Node:
             )
         )
         (p.cni_conf_dir / "10-dra-gpu.conflist").write_text(
-            cni_config(p, network=f"dra-gpu-{self.name}")
+            cni_config(
+                p,
+                network=f"dra-gpu-{self.name}",
+                subnet=self._claim_subnet(),
+            )
         )
         ca = p.root / "ca.crt"
         ca.write_bytes(_pem_bytes(self.cluster.ca_cert))
@@ -176,6 +185,14 @@ class Node:
         )
         cert = self.cluster.issue_client_cert(f"system:node:{self.name}", ["system:nodes"])
         self.cluster.write_kubeconfig(p.kubeconfig, *_cert_and_key(cert))
+
+    def _claim_subnet(self) -> str:
+        # A bridge gets its gateway address only with its first pod: nodes of this process
+        # also avoid each other's subnets explicitly.
+        taken = [*node_cleanup.host_addresses(), *(s.replace(".0/24", ".1") for s in _SUBNETS)]
+        self.subnet = pod_subnet(self.paths, taken=taken)
+        _SUBNETS.add(self.subnet)
+        return self.subnet
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         self._procs[name] = procs.spawn(argv, log_path=self.log_path(name), env=env)

@@ -137,3 +137,9 @@ def add_address_link(name: str, address: str) -> None:
         ["ip", "link", "set", name, "up"],
     ):
         subprocess.run(argv, capture_output=True, check=True)
+
+
+def host_addresses() -> list[str]:
+    """IPv4 addresses configured on this host's interfaces."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True)
+    return [f.split("/")[0] for line in out.stdout.splitlines() for f in line.split()[3:4]]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +135,12 @@ def bridge_name(paths: NodePaths) -> str:
     return "dragpu" + hashlib.sha256(str(paths.root).encode()).hexdigest()[:8]
 
 
+def cgroup_root(paths: NodePaths, name: str) -> str:
+    """The node's cgroup parent: unique per node directory, so that two sessions running a node
+    of the same name never kill or remove each other's containers."""
+    return f"/dra-gpu-{name}-" + hashlib.sha256(str(paths.root).encode()).hexdigest()[:8]
+
+
 def node_link(paths: NodePaths) -> str:
     """Name of the interface carrying the node's IP."""
     return "dragpuip" + hashlib.sha256(str(paths.root).encode()).hexdigest()[:7]
@@ -147,12 +154,19 @@ def node_ip(paths: NodePaths) -> str:
     return f"198.18.{digest[0]}.{1 + digest[1] % 254}"
 
 
-def pod_subnet(paths: NodePaths) -> str:
-    third = int(hashlib.sha256(str(paths.root).encode()).hexdigest()[8:10], 16)
-    return f"10.244.{third}.0/24"
+def pod_subnet(paths: NodePaths, *, taken: Iterable[str] = ()) -> str:
+    """A /24 of 10.244.0.0/16 for the node's pods: derived from its directory, skipping subnets
+    whose gateway address is already on this host (another node's bridge)."""
+    used = set(taken)
+    first = int(hashlib.sha256(str(paths.root).encode()).hexdigest()[8:10], 16)
+    for step in range(256):
+        third = (first + step) % 256
+        if f"10.244.{third}.1" not in used:
+            return f"10.244.{third}.0/24"
+    raise RuntimeError("every 10.244.x.0/24 pod subnet is in use on this host")
 
 
-def cni_config(paths: NodePaths, *, network: str) -> str:
+def cni_config(paths: NodePaths, *, network: str, subnet: str) -> str:
     conf = {
         "cniVersion": "1.0.0",
         "name": network,
@@ -166,7 +180,7 @@ def cni_config(paths: NodePaths, *, network: str) -> str:
                 "ipam": {
                     "type": "host-local",
                     "dataDir": str(paths.cni_ipam_dir),
-                    "ranges": [[{"subnet": pod_subnet(paths)}]],
+                    "ranges": [[{"subnet": subnet}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                 },
             }

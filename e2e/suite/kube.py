@@ -91,6 +91,19 @@ class Kube:
         wait_for(f"namespace {name} to be deleted", gone, timeout=wait)
 
     def create(self, namespace: str, doc: Mapping[str, Any]) -> dict[str, Any]:
+        # The ServiceAccount admission plugin reads a cache that can lag behind a namespace's
+        # fresh default ServiceAccount: retry that refusal (only that one) for a few seconds.
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                return self._create(namespace, doc)
+            except client.ApiException as e:
+                lagging = e.status == 403 and "service account" in str(e.body)
+                if not lagging or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+
+    def _create(self, namespace: str, doc: Mapping[str, Any]) -> dict[str, Any]:
         api_version, kind = str(doc["apiVersion"]), str(doc["kind"])
         if api_version == "v1" and kind == "Pod":
             return self.as_dict(self.core.create_namespaced_pod(namespace, dict(doc)))

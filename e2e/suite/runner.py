@@ -212,35 +212,64 @@ def _released(ctx: Context, namespace: str, name: str) -> Callable[[], bool | No
     return probe
 
 
-def _run_once(ctx: Context, scenario: Scenario) -> tuple[Run, list[str]]:
-    run = Run(namespace=f"e2e-{scenario.name}-{secrets.token_hex(3)}")
+def _manifests(ctx: Context, scenario: Scenario) -> tuple[list[dict[str, Any]], list[str]]:
+    """The scenario's documents (pods last, with the context's node selector) and pod names."""
     docs = load_manifests(ctx.scenarios_dir / scenario.name)
     pods = [with_node_selector(d, ctx.node_selector) for d in docs if d["kind"] == "Pod"]
-    docs = [d for d in docs if d["kind"] != "Pod"] + pods
+    return [d for d in docs if d["kind"] != "Pod"] + pods, [p["metadata"]["name"] for p in pods]
+
+
+def start(ctx: Context, scenario: Scenario) -> tuple[Run, list[str]]:
+    """Create a running scenario in a new namespace, wait for its pods, judge what they saw.
+
+    The pods keep running; ``finish`` deletes them and checks the driver unprepared.
+    """
+    run = Run(namespace=f"e2e-{scenario.name}-{secrets.token_hex(3)}")
+    docs, names = _manifests(ctx, scenario)
     ctx.kube.create_namespace(run.namespace)
-    problems: list[str] = []
-    names = [p["metadata"]["name"] for p in pods]
+    try:
+        for doc in docs:
+            ctx.kube.create(run.namespace, doc)
+        for name in names:
+            _wait_running(ctx, run, name)
+        problems: list[str] = []
+        for name in names:
+            problems += _observe(ctx, run, name)
+        problems += _check_cdi_present(ctx, run)
+        for check in scenario.checks:
+            problems += check(ctx, run)
+    except BaseException:
+        ctx.kube.delete_namespace(run.namespace)
+        raise
+    return run, problems
+
+
+def finish(ctx: Context, run: Run) -> list[str]:
+    """Delete the run's pods, check unprepare and release, then delete its namespace."""
+    try:
+        return _teardown(ctx, run, list(run.pods))
+    finally:
+        ctx.kube.delete_namespace(run.namespace)
+
+
+def _run_once(ctx: Context, scenario: Scenario) -> tuple[Run, list[str]]:
+    if scenario.expect == "running":
+        run, problems = start(ctx, scenario)
+        return run, problems + finish(ctx, run)
+    run = Run(namespace=f"e2e-{scenario.name}-{secrets.token_hex(3)}")
+    docs, names = _manifests(ctx, scenario)
+    ctx.kube.create_namespace(run.namespace)
     try:
         if scenario.expect == "prepare-fails":
             return run, _prepare_fails(ctx, run, scenario, docs)
         for doc in docs:
             ctx.kube.create(run.namespace, doc)
-        if scenario.expect == "pending":
-            for name in names:
-                problems += _check_unschedulable(ctx, run, name)
-        else:
-            for name in names:
-                _wait_running(ctx, run, name)
-            for name in names:
-                problems += _observe(ctx, run, name)
-            problems += _check_cdi_present(ctx, run)
-        for check in scenario.checks:
-            problems += check(ctx, run)
-        if scenario.expect == "running":
-            problems += _teardown(ctx, run, names)
+        problems: list[str] = []
+        for name in names:
+            problems += _check_unschedulable(ctx, run, name)
+        return run, problems
     finally:
         ctx.kube.delete_namespace(run.namespace)
-    return run, problems
 
 
 def _prepare_fails(

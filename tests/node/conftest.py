@@ -12,18 +12,41 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from e2e import binaries, images
 from e2e.cluster import Cluster
-from e2e.driver import ManagedProcess, PluginProcess, controller_process
+from e2e.driver import Driver, PluginProcess, controller_process
 from e2e.node import Node
-from e2e.suite.kube import Kube, wait_for
+from e2e.node_binaries import ensure_node_binaries
+from e2e.suite.kube import Kube
 from e2e.suite.runner import Context
 
 REAL_NODE_SELECTOR = {"dra-gpu.test/real-node": "true"}
+NODE_TIER = Path(__file__).resolve().parent
 NODE_PROFILES = {"gpu-h200": "h200x8", "gpu-a100": "a100x4-mig"}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build what a real node needs before any test runs, so no test's timeout pays for it:
+    Debian packages, containerd + runc, the kubelet (cgo), and the local images."""
+    if session.config.option.collectonly:
+        return
+    if not any(NODE_TIER in Path(str(item.path)).resolve().parents for item in session.items):
+        return
+    capture = session.config.pluginmanager.get_plugin("capturemanager")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+
+    def log(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+
+    with capture.global_and_fixture_disabled():
+        ensure_node_binaries()
+        binaries.ensure(("kubelet",), log=log)
+        images.ensure_images(binaries.cache_root() / "images-v1")
 
 
 def _report_on_failure(request: pytest.FixtureRequest, texts: list[str]) -> None:
@@ -43,33 +66,6 @@ def real_nodes(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[dic
         _report_on_failure(request, [n.diagnostics() for n in nodes.values()])
         for node in nodes.values():
             node.down()
-
-
-@dataclass
-class Driver:
-    controller: ManagedProcess
-    plugins: dict[str, PluginProcess]
-
-    def wait_published(self, kube: Kube, *, timeout: float = 60.0) -> None:
-        """Every node's pool has devices in the API, and the DeviceClasses exist."""
-        for node in self.plugins:
-            wait_for(
-                f"ResourceSlices of {node}",
-                lambda n=node: _pool_published(kube, n),
-                timeout=timeout,
-            )
-        for name in ("gpu.nvidia.com", "mig.nvidia.com"):
-            wait_for(f"DeviceClass {name}", lambda n=name: _device_class(kube, n), timeout=timeout)
-
-
-def _pool_published(kube: Kube, node: str) -> bool | None:
-    return True if any(s["spec"].get("nodeName") == node for s in kube.slices()) else None
-
-
-def _device_class(kube: Kube, name: str) -> bool | None:
-    return bool(
-        kube.custom.get_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", name)
-    )
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +93,7 @@ def driver(
         for plugin in plugins.values():
             plugin.start()
         drv = Driver(controller, plugins)
-        drv.wait_published(kube)
+        drv.wait_ready(kube)
         print(f"[driver] published in {time.monotonic() - started:.1f}s", file=sys.stderr)
         yield drv
     finally:

@@ -54,17 +54,19 @@ def test_containerd_config_is_v3_with_cdi_dir_pinned_sandbox_and_own_paths() -> 
 
 
 def test_cni_config_is_a_bridge_with_host_local_ipam_in_the_node_dir() -> None:
-    conf = json.loads(cni_config(PATHS, network="net"))
+    conf = json.loads(cni_config(PATHS, network="net", subnet="10.244.7.0/24"))
     bridge = conf["plugins"][0]
     assert bridge["type"] == "bridge"
     assert len(bridge["bridge"]) <= 15  # Linux interface-name limit
     assert bridge["ipam"]["dataDir"] == str(PATHS.cni_ipam_dir)
-    assert bridge["ipam"]["ranges"][0][0]["subnet"] == pod_subnet(PATHS)
+    assert bridge["ipam"]["ranges"][0][0]["subnet"] == "10.244.7.0/24"
 
 
-def test_two_nodes_get_different_bridges() -> None:
-    other = NodePaths(Path("/tmp/dra-gpu-node-y"))
-    assert bridge_name(PATHS) != bridge_name(other)
+def test_pod_subnet_skips_subnets_in_use_on_the_host() -> None:
+    mine = pod_subnet(PATHS)
+    gateway = mine.replace(".0/24", ".1")
+    other = pod_subnet(PATHS, taken=[gateway])
+    assert other != mine and other.startswith("10.244.") and other.endswith(".0/24")
 
 
 def test_kubelet_config_suits_cgroup_v1_machines_and_stays_on_loopback() -> None:
@@ -104,3 +106,12 @@ def test_module_version_reads_tool_requirements(tmp_path: Path) -> None:
     assert module_version(gomod, "example.com/a") == "v1.2.3"
     with pytest.raises(ValueError, match=r"example\.com/b"):
         module_version(gomod, "example.com/b")
+
+
+def test_host_wide_names_differ_between_two_nodes_of_the_same_name() -> None:
+    # Two sessions may run a node called "gpu-0" at once: nothing host-wide may collide.
+    from e2e.node_config import cgroup_root, node_ip, node_link
+
+    other = NodePaths(Path("/tmp/dra-gpu-node-y"))
+    for name_of in (lambda p: cgroup_root(p, "gpu-0"), node_link, bridge_name, node_ip):
+        assert name_of(PATHS) != name_of(other)
