@@ -35,7 +35,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dra_gpu.controller import kube, registration  # noqa: E402
+from dra_gpu.controller import registration  # noqa: E402
+from dra_gpu.kube import errors  # noqa: E402
+from dra_gpu.kube.client import KubeClient, connect  # noqa: E402
 from e2e import procs  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
 
@@ -158,12 +160,12 @@ def controller(kubeconfig: str, workdir: Path) -> Iterator[tuple[int, Path]]:
         procs.stop(proc)
 
 
-def ensure_namespace(client: kube.Kube) -> None:
-    with contextlib.suppress(kube.Conflict):
+def ensure_namespace(client: KubeClient) -> None:
+    with contextlib.suppress(errors.AlreadyExists):
         client.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NS}})
 
 
-def register(client: kube.Kube, port: int, ca: Path) -> None:
+def register(client: KubeClient, port: int, ca: Path) -> None:
     config = registration.validating_webhook_configuration(
         CONFIG_NAME,
         registration.client_config_url(
@@ -181,10 +183,10 @@ def bad_claim() -> dict[str, Any]:
     return bad
 
 
-def webhook_in_effect(client: kube.Kube) -> bool:
+def webhook_in_effect(client: KubeClient) -> bool:
     try:
         client.call("POST", CLAIMS, query={"dryRun": "All"}, body=bad_claim())
-    except kube.ApiError as exc:
+    except errors.ApiError as exc:
         if "denied the request" in exc.message:
             return True
         raise
@@ -199,13 +201,13 @@ def wait(check: Callable[[], bool], what: str) -> None:
         time.sleep(0.2)
 
 
-def unregister(client: kube.Kube) -> None:
-    with contextlib.suppress(kube.NotFound):
+def unregister(client: KubeClient) -> None:
+    with contextlib.suppress(errors.NotFound):
         client.request("DELETE", f"{WEBHOOKS}/{CONFIG_NAME}")
     wait(lambda: not webhook_in_effect(client), "the webhook to be out of effect")
 
 
-def via_apiserver(client: kube.Kube, count: int) -> list[float]:
+def via_apiserver(client: KubeClient, count: int) -> list[float]:
     def once(i: int) -> None:
         client.call("POST", CLAIMS, query={"dryRun": "All"}, body=claim(i))
 
@@ -244,7 +246,7 @@ def main() -> int:
         control_plane(args.kubeconfig) as kubeconfig,
         controller(kubeconfig, Path(tmp)) as (port, ca),
     ):
-        client = kube.Kube.connect(kubeconfig)
+        client = connect(Path(kubeconfig))
         ensure_namespace(client)
         unregister(client)
         register(client, port, ca)

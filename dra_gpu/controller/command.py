@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from dra_gpu.controller import leases
 
 if TYPE_CHECKING:
-    from dra_gpu.controller import certs, electing, kube, serving
+    from dra_gpu.controller import certs, electing, serving
+    from dra_gpu.kube.client import KubeClient
 
 # Heavy modules (cryptography, pydantic, cel-python, the API client) are imported when the
 # command runs, not when the CLI builds its parser: every other subcommand, the kubelet plugin
@@ -53,7 +54,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "webhook for ResourceClaims/ResourceClaimTemplates (every replica).",
     )
     p.add_argument(
-        "--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)"
+        "--kubeconfig",
+        type=Path,
+        help="kubeconfig file (default: in-cluster, then $KUBECONFIG or ~/.kube/config)",
     )
     p.add_argument(
         "--config", type=Path, help="administrators' classes file (YAML), re-read on change"
@@ -130,7 +133,7 @@ class _AlwaysLeader:
     is_leader = True
 
 
-def _elector(args: argparse.Namespace, client: kube.Kube) -> electing.Elector:
+def _elector(args: argparse.Namespace, client: KubeClient) -> electing.Elector:
     from dra_gpu.controller import electing
 
     try:
@@ -169,13 +172,14 @@ def main(args: argparse.Namespace) -> int:
     )
     # urllib3 logs every connection retry as a warning; our loops retry and log once instead.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
-    from dra_gpu.controller import kube, reconciling
+    from dra_gpu.controller import reconciling
+    from dra_gpu.kube.client import connect
 
     stop, elector_stop, wake = threading.Event(), threading.Event(), threading.Event()
     _install_signal_handlers(stop)
     webhook = _start_webhook(args) if args.webhook_port is not None else None
     try:
-        client = kube.Kube.connect(args.kubeconfig)
+        client = connect(args.kubeconfig, default_kubeconfig=True)
     except Exception as exc:
         raise SystemExit(f"cannot load Kubernetes credentials: {exc}") from exc
     source = reconciling.ClassSource(

@@ -20,7 +20,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from dra_gpu.controller import kube, leases
+from dra_gpu.controller import leases
+from dra_gpu.kube import errors
+from dra_gpu.kube.client import KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ class LeaseStore(Protocol):
 class KubeLeaseStore:
     """A ``coordination.k8s.io/v1`` Lease in the API server."""
 
-    def __init__(self, client: kube.Kube, *, namespace: str, name: str) -> None:
+    def __init__(self, client: KubeClient, *, namespace: str, name: str) -> None:
         self._client = client
         self._namespace = namespace
         self._name = name
@@ -76,8 +78,8 @@ class KubeLeaseStore:
 
     def get(self) -> tuple[leases.LeaseRecord, str] | None:
         try:
-            obj = self._client.request("GET", f"{self._collection}/{self._name}", timeout=5.0)
-        except kube.NotFound:
+            obj = self._client.request("GET", f"{self._collection}/{self._name}", timeout_s=5.0)
+        except errors.NotFound:
             return None
         version = str(obj.get("metadata", {}).get("resourceVersion", ""))
         return leases.from_spec(obj.get("spec") or {}), version
@@ -85,17 +87,17 @@ class KubeLeaseStore:
     def create(self, record: leases.LeaseRecord) -> str:
         try:
             obj = self._client.request(
-                "POST", self._collection, body=self._body(record, None), timeout=5.0
+                "POST", self._collection, body=self._body(record, None), timeout_s=5.0
             )
-        except kube.Conflict as exc:
+        except errors.Conflict as exc:
             raise LeaseConflict(str(exc)) from exc
         return str(obj["metadata"]["resourceVersion"])
 
     def update(self, record: leases.LeaseRecord, version: str) -> str:
         path = f"{self._collection}/{self._name}"
         try:
-            obj = self._client.request("PUT", path, body=self._body(record, version), timeout=5.0)
-        except kube.Conflict as exc:
+            obj = self._client.request("PUT", path, body=self._body(record, version), timeout_s=5.0)
+        except errors.Conflict as exc:
             raise LeaseConflict(str(exc)) from exc
         return str(obj["metadata"]["resourceVersion"])
 

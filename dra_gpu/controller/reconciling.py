@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_gpu.controller import classes, classfile, kube
+from dra_gpu.controller import classes, classfile
+from dra_gpu.kube import errors
+from dra_gpu.kube.client import KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ class PassResult:
 class Reconciler:
     """Applies plans to the API server; remembers what the server accepted (see classes.plan)."""
 
-    def __init__(self, client: kube.Kube, source: ClassSource) -> None:
+    def __init__(self, client: KubeClient, source: ClassSource) -> None:
         self._client = client
         self._source = source
         self._accepted: dict[str, str] = {}
@@ -114,7 +116,7 @@ class Reconciler:
         for step in plan.steps:
             try:
                 self._apply(step, specs.get(step.name))
-            except (kube.Conflict, kube.NotFound) as exc:
+            except (errors.Conflict, errors.NotFound) as exc:
                 # Changed under us since the list: the next pass sees the new state.
                 log.info(
                     "DeviceClass %s %s raced (%s); retrying next pass",
@@ -122,7 +124,7 @@ class Reconciler:
                     step.action.value,
                     exc.reason or exc.status,
                 )
-            except kube.ApiError as exc:
+            except errors.ApiError as exc:
                 failures.append(f"{step.action.value} {step.name}: {exc}")
                 log.error(
                     "DeviceClass %s: %s failed: %s", step.name, step.action.value, exc.message
@@ -154,7 +156,7 @@ class Reconciler:
                 self._accepted[want] = got
 
 
-def watch_classes(client: kube.Kube, stop: threading.Event, on_event: Callable[[], None]) -> None:
+def watch_classes(client: KubeClient, stop: threading.Event, on_event: Callable[[], None]) -> None:
     """Call ``on_event`` for every DeviceClass change until ``stop``; restarts on any error."""
     failures = 0
     while not stop.is_set():
@@ -165,14 +167,13 @@ def watch_classes(client: kube.Kube, stop: threading.Event, on_event: Callable[[
             for event in client.watch(
                 CLASSES_PATH,
                 query={"resourceVersion": version, "allowWatchBookmarks": "true"},
+                stop=stop,
                 timeout_s=300,
             ):
-                if stop.is_set():
-                    return
-                if event.get("type") == "ERROR":
-                    break  # typically 410 Gone: list again
                 if event.get("type") != "BOOKMARK":
                     on_event()
+        except errors.Gone:
+            continue  # the resourceVersion expired: list again at once
         except Exception as exc:
             # Once per outage at INFO; the retries every 2 s only at DEBUG.
             failures += 1
@@ -206,7 +207,7 @@ def run(
         last_pass, retry_at = now, float("inf")
         try:
             result = reconciler.reconcile_once()
-        except kube.ApiError as exc:
+        except errors.ApiError as exc:
             log.warning("listing DeviceClasses failed: %s", exc)
             result = None
         if result is None or result.failures:

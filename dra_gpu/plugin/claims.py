@@ -1,6 +1,6 @@
 """The Kubernetes side of prepare: fetch ResourceClaims, report node warnings as Events.
 
-Thin I/O over ``kubeapi.KubeClient`` (plain JSON, no client models): ``KubeClaimFetcher``
+Thin I/O over ``kube.client.KubeClient`` (plain JSON, no client models): ``KubeClaimFetcher``
 implements ``state.ClaimFetcher``; ``NodeEventReporter`` implements ``state.Report`` by creating
 a Warning Event on this node's Node object (shown by ``kubectl describe node``). Reporting is
 best effort: a failure to post an event is logged, never raised into prepare.
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from dra_gpu.plugin import apierrors
-from dra_gpu.plugin.kubeapi import KubeClient
+from dra_gpu.kube import errors
+from dra_gpu.kube.client import KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class KubeClaimFetcher:
         path = CLAIMS_PATH.format(namespace=quote(namespace), name=quote(name))
         try:
             return self._client.request("GET", path)
-        except apierrors.NotFound:
+        except errors.NotFound:
             return None
 
 
@@ -73,5 +73,5 @@ class NodeEventReporter:
         }
         try:
             self._client.request("POST", "/api/v1/namespaces/default/events", body=event)
-        except apierrors.ApiError as exc:
+        except errors.ApiError as exc:
             log.error("could not post event %s for node %s: %s", reason, self._node, exc)

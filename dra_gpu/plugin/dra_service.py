@@ -5,7 +5,7 @@ entry in the response; a claim's failure is its ``error`` (the kubelet then igno
 devices), never a gRPC error for the whole call. ``share_id`` exists only in v1.
 
 Wiring (what ``dra-gpu kubelet-plugin`` does): :func:`make_state` builds the handler from the
-plugin's settings, a ``kubeapi.KubeClient`` and an inventory callable; :func:`registrar`
+plugin's settings, a ``kube.client.KubeClient`` and an inventory callable; :func:`registrar`
 returns the function that restores state (``DeviceState.start``) and adds both services to the
 DRA server before it starts serving.
 
@@ -31,8 +31,9 @@ import grpc
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.devices.model import Device
+from dra_gpu.kube.client import KubeClient, connect
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from dra_gpu.plugin import claims, faults, kubeapi
+from dra_gpu.plugin import claims, faults
 from dra_gpu.plugin.ids import ClaimUID
 from dra_gpu.plugin.plan import ClaimRef
 from dra_gpu.plugin.state import DeviceState, PrepareResult, StateSettings
@@ -118,7 +119,7 @@ def make_state(
     simulated: bool,
     driver_root: Path,
     inventory: Callable[[], Mapping[str, Device]],
-    client: kubeapi.KubeClient,
+    client: KubeClient,
     env: Mapping[str, str] = os.environ,
 ) -> DeviceState:
     """The prepare handler as the plugin process runs it (faults from ``DRA_GPU_FAULT``)."""
@@ -181,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         simulated=True,
         driver_root=Path("/"),
         inventory=lambda: devices,
-        client=kubeapi.connect(args.kubeconfig),
+        client=connect(args.kubeconfig),
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.workers))
     registrar(state)(server)

@@ -21,7 +21,7 @@ from dra_gpu.plugin import settings as plugin_settings
 
 if TYPE_CHECKING:
     from dra_gpu.devices.model import Device
-    from dra_gpu.plugin.kubeapi import KubeClient
+    from dra_gpu.kube.client import KubeClient
     from dra_gpu.plugin.node_plugin import DraRegistrar
 
 log = logging.getLogger("dra_gpu.plugin")
@@ -85,17 +85,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
-    from dra_gpu.plugin import apierrors, checkpoint, inventory, kubeapi, node_plugin, sockets
+    from dra_gpu.kube import errors
+    from dra_gpu.kube.client import connect
+    from dra_gpu.plugin import checkpoint, inventory, node_plugin, slice_api, sockets
 
     try:
         devices = inventory.discover(
             inventory.backend_for(simulate=settings.simulate, node_name=settings.node_name)
         )
-        client = kubeapi.connect(settings.kubeconfig)
-    except (inventory.InventoryError, apierrors.ApiError) as err:
+        client = connect(settings.kubeconfig)
+    except (inventory.InventoryError, errors.ApiError) as err:
         log.error("cannot start: %s", err)
         return 1
-    store = kubeapi.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
+    store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
     # Prepare looks devices up in the latest inventory (the profile file may change).
     current = {d.name: d for d in devices}
     registrar = dra_registrar(settings, client=client, inventory=lambda: current)

@@ -23,7 +23,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
-from dra_gpu.plugin import apierrors, slice_plan
+from dra_gpu.kube import errors
+from dra_gpu.plugin import slice_plan
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ Renderer = Callable[[str], Sequence[JSON]]
 
 
 class SliceStore(Protocol):
-    """The API calls the publisher needs, for one node and driver. Raises ``apierrors``."""
+    """The API calls the publisher needs, for one node and driver. Raises ``kube.errors`` types."""
 
     def node_uid(self) -> str: ...
 
@@ -111,7 +112,7 @@ class Publisher:
         return threads
 
     def reconcile_once(self) -> slice_plan.Plan:
-        """One pass: list, plan, write. Raises ``apierrors.ApiError`` on failure."""
+        """One pass: list, plan, write. Raises ``errors.ApiError`` on failure."""
         with self._lock:
             render = self._render
         desired = render(self._store.node_uid())
@@ -128,7 +129,7 @@ class Publisher:
         for body in plan.updates:
             self._store.update_slice(body)
         for gone in plan.deletes:
-            with contextlib.suppress(apierrors.NotFound):  # already gone: what we wanted
+            with contextlib.suppress(errors.NotFound):  # already gone: what we wanted
                 self._store.delete_slice(gone.name, uid=gone.uid)
         self._generation = plan.generation
         if not plan.is_empty:
@@ -149,13 +150,13 @@ class Publisher:
             self._wake.clear()
             try:
                 self.reconcile_once()
-            except (apierrors.Conflict, apierrors.NotFound) as err:
+            except (errors.Conflict, errors.NotFound) as err:
                 # Someone else wrote in between, or the Node is not there yet: look again soon.
                 failures += 1
                 log.info("reconcile of pool %s must look again: %s", self._node, err)
                 stop.wait(min(1.0, backoff_delay(failures, max_s=self._max_backoff_s)))
                 continue
-            except apierrors.ApiError as err:
+            except errors.ApiError as err:
                 failures += 1
                 self._note_failure(err, failures)
                 stop.wait(backoff_delay(failures, max_s=self._max_backoff_s))
@@ -182,8 +183,8 @@ class Publisher:
                 return
             waited += 0.5
 
-    def _note_failure(self, err: apierrors.ApiError, failures: int) -> None:
-        if isinstance(err, apierrors.ApiUnavailable):
+    def _note_failure(self, err: errors.ApiError, failures: int) -> None:
+        if isinstance(err, errors.ApiUnavailable):
             if not self._outage:
                 log.warning("API server unavailable, publishing retries with backoff: %s", err)
                 self._outage = True
@@ -200,7 +201,7 @@ class Publisher:
                 for _ in self._store.watch_slices(stop):
                     failures = 0
                     self._wake.set()
-            except apierrors.ApiError as err:
+            except errors.ApiError as err:
                 failures += 1
                 log.debug("watch of ResourceSlices ended: %s", err)
             except Exception:

@@ -35,7 +35,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dra_gpu.controller import classes, kube, registration
+from dra_gpu.controller import classes, registration
+from dra_gpu.kube import errors
+from dra_gpu.kube.client import KubeClient, connect
 from e2e import procs
 from e2e.cluster import Cluster
 
@@ -74,7 +76,7 @@ def wait_for(check: Callable[[], T | None], *, what: str, timeout: float = 60.0)
     while True:
         try:
             value = check()
-        except kube.ApiError:
+        except errors.ApiError:
             value = None
         if value:
             return value
@@ -105,7 +107,7 @@ class Replica:
 
 @dataclass
 class Setup:
-    client: kube.Kube
+    client: KubeClient
     a: Replica
     b: Replica
     ca: Path
@@ -141,7 +143,7 @@ def healthy(replica: Replica, ca: Path) -> bool:
         return False
 
 
-def lease_holder(client: kube.Kube) -> str:
+def lease_holder(client: KubeClient) -> str:
     return str(client.request("GET", LEASE_PATH)["spec"].get("holderIdentity") or "")
 
 
@@ -171,7 +173,7 @@ def claim(
     }
 
 
-def register_webhook(client: kube.Kube, port: int, ca: Path) -> None:
+def register_webhook(client: KubeClient, port: int, ca: Path) -> None:
     config = registration.validating_webhook_configuration(
         WEBHOOK_CONFIG,
         registration.client_config_url(
@@ -183,21 +185,21 @@ def register_webhook(client: kube.Kube, port: int, ca: Path) -> None:
         existing = client.request("GET", f"{WEBHOOKS}/{WEBHOOK_CONFIG}")
         config["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
         client.request("PUT", f"{WEBHOOKS}/{WEBHOOK_CONFIG}", body=config)
-    except kube.NotFound:
+    except errors.NotFound:
         client.request("POST", WEBHOOKS, body=config)
 
 
-def webhook_refuses(client: kube.Kube) -> bool:
+def webhook_refuses(client: KubeClient) -> bool:
     """True once a dry-run of a bad claim is refused by the webhook now configured."""
     bad = claim("probe", params=gpu_config(strategy="Sometimes"))
     try:
         client.call("POST", CLAIMS, query={"dryRun": "All"}, body=bad)
-    except kube.ApiError as exc:
+    except errors.ApiError as exc:
         return DENIED in exc.message
     return False
 
 
-def restore_classes(client: kube.Kube, before: list[dict[str, Any]]) -> None:
+def restore_classes(client: KubeClient, before: list[dict[str, Any]]) -> None:
     for obj in client.request("GET", CLASSES).get("items") or []:
         if classes.is_owned(obj):
             client.request("DELETE", f"{CLASSES}/{obj['metadata']['name']}")
@@ -205,14 +207,14 @@ def restore_classes(client: kube.Kube, before: list[dict[str, Any]]) -> None:
         meta = {
             k: obj["metadata"][k] for k in ("name", "labels", "annotations") if k in obj["metadata"]
         }
-        with contextlib.suppress(kube.Conflict):
+        with contextlib.suppress(errors.AlreadyExists):
             client.request("POST", CLASSES, body={**obj, "metadata": meta})
 
 
 @pytest.fixture(scope="module")
 def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     workdir = tmp_path_factory.mktemp("controller")
-    client = kube.Kube(cluster.api_client())
+    client = connect(cluster.kubeconfig)
     cluster.create_namespace(NS)
     before = client.request("GET", CLASSES).get("items") or []
     for obj in before:  # someone else's built-in classes would be left alone: move them away
@@ -235,18 +237,18 @@ def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield Setup(client, a, b, ca, classes_file)
     finally:
         try:
-            with contextlib.suppress(kube.NotFound):
+            with contextlib.suppress(errors.NotFound):
                 client.request("DELETE", f"{WEBHOOKS}/{WEBHOOK_CONFIG}")
         finally:
             procs.stop_many([r.proc for r in replicas], grace_s=10)
             restore_classes(client, before)
-            client.api_client.close()
+            client.close()
 
 
-def get_class(client: kube.Kube, name: str) -> dict[str, Any] | None:
+def get_class(client: KubeClient, name: str) -> dict[str, Any] | None:
     try:
         return client.request("GET", f"{CLASSES}/{name}")
-    except kube.NotFound:
+    except errors.NotFound:
         return None
 
 
@@ -260,17 +262,17 @@ def builtin_spec(name: str) -> dict[str, Any]:
 
 def test_invalid_gpu_config_is_refused_naming_the_field(setup: Setup) -> None:
     bad = claim("bad-strategy", params=gpu_config(strategy="Sometimes"))
-    with pytest.raises(kube.ApiError) as refused:
+    with pytest.raises(errors.ApiError) as refused:
         setup.client.call("POST", CLAIMS, body=bad)
     assert DENIED in refused.value.message
     assert "spec.devices.config[0].opaque.parameters.sharing.strategy" in refused.value.message
-    with pytest.raises(kube.NotFound):
+    with pytest.raises(errors.NotFound):
         setup.client.request("GET", f"{CLAIMS}/bad-strategy")
 
 
 def test_unknown_field_is_refused(setup: Setup) -> None:
     bad = claim("bad-field", params={**gpu_config(), "sharng": {"strategy": "MPS"}})
-    with pytest.raises(kube.ApiError) as refused:
+    with pytest.raises(errors.ApiError) as refused:
         setup.client.call("POST", CLAIMS, body=bad)
     assert "spec.devices.config[0].opaque.parameters.sharng: unknown field" in refused.value.message
 
@@ -291,7 +293,7 @@ def test_template_with_invalid_config_is_refused(setup: Setup) -> None:
         "metadata": {"name": "bad-template", "namespace": NS},
         "spec": {"spec": claim("x", params={**gpu_config(), "kind": "TpuConfig"})["spec"]},
     }
-    with pytest.raises(kube.ApiError) as refused:
+    with pytest.raises(errors.ApiError) as refused:
         setup.client.call("POST", TEMPLATES, body=template)
     assert "spec.spec.devices.config[0].opaque.parameters.kind" in refused.value.message
 
@@ -383,7 +385,7 @@ def test_classes_file_is_applied_and_followed(setup: Setup) -> None:
 # ----- leader election (last: it stops ctl-a) ---------------------------------------------
 
 
-def recreate_and_wait(client: kube.Kube, name: str) -> None:
+def recreate_and_wait(client: KubeClient, name: str) -> None:
     client.request("DELETE", f"{CLASSES}/{name}")
     wait_for(lambda: get_class(client, name), what=f"{name} to be recreated")
 
@@ -394,7 +396,7 @@ def leader_and_follower(setup: Setup) -> tuple[Replica, Replica]:
     return (setup.a, setup.b) if holder == "ctl-a" else (setup.b, setup.a)
 
 
-def active_leader(client: kube.Kube) -> str:
+def active_leader(client: KubeClient) -> str:
     """The holder once it has renewed the Lease while we watched (not a stale record)."""
     first = client.request("GET", LEASE_PATH)["spec"]
     time.sleep(0.5)
@@ -440,6 +442,6 @@ def test_only_the_leader_acts_and_the_other_takes_over(setup: Setup) -> None:
     # Every replica serves the webhook: point the API server at the survivor's.
     register_webhook(client, follower.port, setup.ca)
     wait_for(lambda: webhook_refuses(client), what="the survivor's webhook")
-    with pytest.raises(kube.ApiError) as refused:
+    with pytest.raises(errors.ApiError) as refused:
         client.call("POST", CLAIMS, body=claim("after", params=gpu_config(strategy="Nope")))
     assert DENIED in refused.value.message

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from dra_gpu.plugin import apierrors
+from dra_gpu.kube import errors
 
 JSON = dict[str, Any]
 
@@ -29,7 +29,7 @@ class FakeSliceStore:
 
     def _check(self) -> None:
         if self.down:
-            raise apierrors.ApiUnavailable("connection refused")
+            raise errors.ApiUnavailable("connection refused")
 
     def _notify(self, kind: str) -> None:
         for q in self._watchers:
@@ -39,7 +39,7 @@ class FakeSliceStore:
         self._check()
         self.node_lookups += 1
         if self.node_missing:
-            raise apierrors.NotFound("nodes not found", status=404)
+            raise errors.NotFound("nodes not found", status=404)
         return self._node_uid
 
     def list_slices(self) -> list[JSON]:
@@ -52,7 +52,7 @@ class FakeSliceStore:
         with self._lock:
             name = body["metadata"]["name"]
             if name in self.slices:
-                raise apierrors.Conflict("already exists", status=409)
+                raise errors.Conflict("already exists", status=409)
             stored = copy.deepcopy(body)
             stored["metadata"].update(
                 uid=f"uid-{next(self._uid)}", resourceVersion=str(next(self._rv))
@@ -67,9 +67,9 @@ class FakeSliceStore:
             name = body["metadata"]["name"]
             have = self.slices.get(name)
             if have is None:
-                raise apierrors.NotFound("not found", status=404)
+                raise errors.NotFound("not found", status=404)
             if have["metadata"]["resourceVersion"] != body["metadata"].get("resourceVersion"):
-                raise apierrors.Conflict("stale resourceVersion", status=409)
+                raise errors.Conflict("stale resourceVersion", status=409)
             stored = copy.deepcopy(body)
             stored["metadata"].update(
                 uid=have["metadata"]["uid"], resourceVersion=str(next(self._rv))
@@ -83,9 +83,9 @@ class FakeSliceStore:
         with self._lock:
             have = self.slices.get(name)
             if have is None:
-                raise apierrors.NotFound("not found", status=404)
+                raise errors.NotFound("not found", status=404)
             if have["metadata"]["uid"] != uid:
-                raise apierrors.Conflict("precondition failed", status=409)
+                raise errors.Conflict("precondition failed", status=409)
             del self.slices[name]
             self.writes += 1
         self._notify("DELETED")

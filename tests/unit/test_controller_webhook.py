@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dra_gpu.controller import admission, certs, kube, registration, serving
+from dra_gpu.controller import admission, certs, registration, serving
 
 
 @pytest.fixture
@@ -143,18 +143,6 @@ def test_rotated_certificate_is_reloaded(tmp_path: Path) -> None:
     files.cert.write_bytes(rotated.cert.read_bytes())
     files.key.write_bytes(rotated.key.read_bytes())
     assert ctx.maybe_reload() is True
-
-
-@pytest.mark.parametrize(
-    ("headers", "expected"),
-    [
-        pytest.param(['299 - "plain"'], ("plain",), id="plain"),
-        pytest.param(['299 - "say \\"hi\\""', '299 - "b"'], ('say "hi"', "b"), id="escaped"),
-        pytest.param(["odd"], ("odd",), id="unparsed-kept"),
-    ],
-)
-def test_warning_headers(headers: list[str], expected: tuple[str, ...]) -> None:
-    assert kube._warnings(headers) == expected
 
 
 def test_registration_limits_namespaces_and_carries_ca() -> None:

@@ -1,13 +1,14 @@
 """Credentials for the API server: in-cluster service account, or a kubeconfig file.
 
 Why not only the official client's loaders: importing them pulls in the whole generated client
-(~0.3 s and ~18 MiB), a large share of a node plugin's start-up time and memory. The two cases
-a plugin meets (a DaemonSet's service account; a kubeconfig with certificates or a token) are
-read here with the standard library and yaml. A kubeconfig that needs anything else (exec
-plugins, auth providers, basic auth) is handed to the official loader (``Unsupported``).
+(~0.3 s and ~18 MiB), a large share of a node plugin's start-up time and memory. The cases the
+plugin and the controller meet (a pod's service account; a kubeconfig with certificates or a
+token) are read here with the standard library and yaml. A kubeconfig that needs anything else
+(exec plugins, auth providers, basic auth, a proxy, plain http, tls-server-name) is left to the
+official loader (``Unsupported``), as is a ``$KUBECONFIG`` that lists several files to merge.
 
 A service account token is re-read from its file when it is older than a minute, because bound
-tokens are rotated by the kubelet while the plugin runs. Inline certificate data is written to
+tokens are rotated by the kubelet while the process runs. Inline certificate data is written to
 a private temporary file only for as long as ``ssl`` needs to load it.
 """
 
@@ -142,13 +143,26 @@ def from_kubeconfig(path: Path) -> Credentials:
     if any(k in user for k in ("exec", "auth-provider", "username", "password")):
         raise Unsupported("kubeconfig user needs an auth method read by the official client")
     server = str(cluster.get("server", "")).rstrip("/")
-    if not server.startswith("https://") or cluster.get("tls-server-name"):
-        raise Unsupported("plain http or tls-server-name: left to the official client")
+    if not server.startswith("https://") or any(
+        cluster.get(k) for k in ("tls-server-name", "proxy-url")
+    ):
+        raise Unsupported("plain http, tls-server-name or proxy-url: left to the official client")
     try:
         ctx = _ssl_context(cluster, user, path.parent)
     except (ssl.SSLError, ValueError) as err:
         raise CredentialsError(f"bad certificate or key in kubeconfig {path}: {err}") from err
     return Credentials(server, ctx, _token_headers(user, path.parent))
+
+
+def default_kubeconfig(env: Mapping[str, str] = os.environ) -> Path | None:
+    """The kubeconfig kubectl would read: ``$KUBECONFIG``, else ``~/.kube/config``.
+
+    None when ``$KUBECONFIG`` lists several files: merging them is left to the official loader.
+    """
+    listed = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if len(listed) > 1:
+        return None
+    return Path(listed[0] if listed else "~/.kube/config").expanduser()
 
 
 def _token_headers(user: Mapping[str, Any], base: Path) -> Callable[[], dict[str, str]]:

@@ -1,0 +1,11 @@
+"""Kubernetes API I/O shared by the kubelet plugin and the controller.
+
+- :mod:`errors`: one error hierarchy by HTTP status (standard library only, so core logic may
+  catch these without loading any client).
+- :mod:`credentials`: the service account or a kubeconfig, read with the standard library.
+- :mod:`client`: JSON requests, watches and the server's warnings over a urllib3 pool.
+
+The official ``kubernetes`` client is imported only for kubeconfigs that need its loader (exec
+plugins, auth providers, proxies), so a node plugin's start-up time and memory stay small.
+This package re-exports nothing: importing ``errors`` must not pull in urllib3.
+"""

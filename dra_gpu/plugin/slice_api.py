@@ -1,0 +1,51 @@
+"""``publisher.SliceStore`` over the API server: this node's ResourceSlices of one driver.
+
+Thin I/O over ``kube.client.KubeClient``; list and watch use the field selector
+``spec.nodeName=<node>,spec.driver=<driver>``, so the plugin never sees other nodes' slices.
+Failures are ``kube.errors`` types, which the publisher sorts into retry and look-again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+from dra_gpu.kube.client import KubeClient
+
+JSON = dict[str, Any]
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+class SliceApi:
+    """``publisher.SliceStore`` for one node and driver."""
+
+    def __init__(self, client: KubeClient, *, node: str, driver: str) -> None:
+        self._client = client
+        self._node = node
+        self._selector = {"fieldSelector": f"spec.nodeName={node},spec.driver={driver}"}
+
+    def node_uid(self) -> str:
+        node = self._client.request("GET", f"/api/v1/nodes/{quote(self._node)}")
+        return str(node["metadata"]["uid"])
+
+    def list_slices(self) -> list[JSON]:
+        listed = self._client.request("GET", SLICES_PATH, query=self._selector)
+        return list(listed.get("items") or [])
+
+    def create_slice(self, body: JSON) -> None:
+        self._client.request("POST", SLICES_PATH, body=body)
+
+    def update_slice(self, body: JSON) -> None:
+        name = body["metadata"]["name"]
+        self._client.request("PUT", f"{SLICES_PATH}/{quote(name)}", body=body)
+
+    def delete_slice(self, name: str, *, uid: str) -> None:
+        # The UID precondition keeps us from deleting a slice that a peer just recreated.
+        options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        self._client.request("DELETE", f"{SLICES_PATH}/{quote(name)}", body=options)
+
+    def watch_slices(self, stop: threading.Event) -> Iterator[str]:
+        for event in self._client.watch(SLICES_PATH, query=self._selector, stop=stop):
+            yield str(event.get("type"))
