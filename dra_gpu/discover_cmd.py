@@ -21,6 +21,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import dra_gpu
@@ -51,6 +52,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--node-name", default=None, help="node name (default: $NODE_NAME or hostname)")
     p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     p.add_argument(
+        "--driver-root",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="root of the NVIDIA driver installation; NVML is loaded from under it "
+        "(default: $DRIVER_ROOT, else /)",
+    )
+    p.add_argument(
         "--nvml-timeout",
         type=float,
         default=10.0,
@@ -60,7 +69,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def make_backend(*, simulate: str | None, node_name: str, nvml_timeout_s: float) -> GpuBackend:
+def default_driver_root() -> Path:
+    """``$DRIVER_ROOT`` (set in the plugin's pod, so ``dra-gpu discover`` there just works)."""
+    return Path(os.environ.get("DRIVER_ROOT") or "/")
+
+
+def make_backend(
+    *,
+    simulate: str | None,
+    node_name: str,
+    nvml_timeout_s: float,
+    driver_root: Path = Path("/"),
+) -> GpuBackend:
     if simulate is not None:
         from dra_gpu.devices import simulated
 
@@ -69,7 +89,7 @@ def make_backend(*, simulate: str | None, node_name: str, nvml_timeout_s: float)
         )
     from dra_gpu.devices import nvml
 
-    return nvml.NvmlBackend(call_timeout_s=nvml_timeout_s)
+    return nvml.NvmlBackend(call_timeout_s=nvml_timeout_s, driver_root=driver_root)
 
 
 def render_table(devices: Sequence[Device]) -> str:
@@ -115,7 +135,10 @@ def run(args: argparse.Namespace) -> int:
     node_name = args.node_name or default_node_name()
     try:
         backend = make_backend(
-            simulate=args.simulate, node_name=node_name, nvml_timeout_s=args.nvml_timeout
+            simulate=args.simulate,
+            node_name=node_name,
+            nvml_timeout_s=args.nvml_timeout,
+            driver_root=args.driver_root or default_driver_root(),
         )
     except ValueError as e:  # unknown profile, bad profile file
         print(f"dra-gpu discover: {e}", file=sys.stderr)

@@ -8,6 +8,9 @@ Design:
 * One failing GPU is logged and reported in ``Discovery.errors`` and skipped; the others are
   still published. After ``max_timeouts`` hung calls in one pass the remaining GPUs are reported
   without being touched, so a wedged driver costs at most ``max_timeouts * call_timeout_s``.
+* The library is found under ``driver_root`` (:mod:`dra_gpu.devices.nvml_lib`) and handed to
+  pynvml before the first ``nvmlInit``; until that succeeds every pass tries again and reports
+  the paths it tried, so a driver that appears later is picked up.
 * Each pass does ``nvmlInit``/``nvmlShutdown`` (NVML reference-counts them), so nothing stays
   open between passes and a driver upgrade under a running plugin is picked up.
 * A MIG device whose compute instance is smaller than its GPU instance is reported and skipped:
@@ -16,6 +19,7 @@ Design:
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -23,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dra_gpu.devices import migprofiles, pci
+from dra_gpu.devices import migprofiles, nvml_lib, pci
 from dra_gpu.devices.bounded import BoundedCaller, CallTimeoutError
 from dra_gpu.devices.model import Discovery, DiscoveryError, GpuInfo, MigDeviceInfo
 
@@ -94,6 +98,8 @@ class NvmlBackend:
         call_timeout_s: float = 10.0,
         max_timeouts: int = 2,
         sysfs_root: Path = Path("/sys"),
+        driver_root: Path = Path("/"),
+        open_library: nvml_lib.OpenLibrary = ctypes.CDLL,
     ) -> None:
         if nvml is None:
             import pynvml
@@ -103,6 +109,8 @@ class NvmlBackend:
         self._caller = BoundedCaller(timeout_s=call_timeout_s, name="nvml")
         self._max_timeouts = max_timeouts
         self._sysfs_root = sysfs_root
+        self._driver_root = driver_root
+        self._open_library = open_library
         self._timeouts = 0
         # one pass at a time: the per-pass timeout budget is per backend, not per thread
         self._pass_lock = threading.Lock()
@@ -125,11 +133,23 @@ class NvmlBackend:
     def _is(self, err: GpuReadError, *codes: str) -> bool:
         return any(err.code == getattr(self._nvml, c, object()) for c in codes)
 
+    def _load_library(self) -> None:
+        """Hand pynvml the NVML under the driver root; raises NvmlLibraryError."""
+        if not nvml_lib.needs_library(self._nvml):
+            return
+        handle, shown = nvml_lib.load(self._driver_root, open_library=self._open_library)
+        if nvml_lib.install(self._nvml, handle):
+            log.info("NVML loaded from %s", shown)
+
     # -- discovery ------------------------------------------------------------------------
 
     def discover(self) -> Discovery:
         with self._pass_lock:
             self._timeouts = 0
+            try:
+                self._load_library()
+            except nvml_lib.NvmlLibraryError as e:
+                return _backend_failure(str(e))
             try:
                 self._call("nvmlInit")
             except (GpuReadError, CallTimeoutError) as e:

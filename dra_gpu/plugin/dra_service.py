@@ -23,7 +23,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -121,6 +121,7 @@ def make_state(
     inventory: Callable[[], Mapping[str, Device]],
     client: KubeClient,
     env: Mapping[str, str] = os.environ,
+    host_driver_root: PurePosixPath | None = None,
 ) -> DeviceState:
     """The prepare handler as the plugin process runs it (faults from ``DRA_GPU_FAULT``)."""
     return DeviceState(
@@ -131,6 +132,7 @@ def make_state(
             state_dir=state_dir,
             simulated=simulated,
             driver_root=driver_root,
+            host_driver_root=host_driver_root,
         ),
         inventory=inventory,
         claims=claims.KubeClaimFetcher(client),

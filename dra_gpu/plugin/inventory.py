@@ -1,8 +1,8 @@
 """What the node has to publish: discovery through a backend, and re-discovery on change.
 
 - ``--simulate NAME`` uses a built-in simulated profile; ``--simulate PATH`` a profile file;
-  otherwise NVML. Discovery errors of single GPUs are logged and those GPUs left out; they never
-  stop the plugin.
+  otherwise NVML, loaded from under the driver root. Discovery errors of single GPUs are logged
+  and those GPUs left out; they never stop the plugin.
 - A profile *file* is polled (``FileWatcher``, default every second) by its modification time,
   size and inode, so a test or a demo can change the node's inventory while the plugin runs. A
   file that no longer parses is reported and the last good inventory kept.
@@ -28,11 +28,13 @@ class InventoryError(RuntimeError):
     """Discovery cannot run at all (bad profile, NVML missing); the message says why."""
 
 
-def backend_for(*, simulate: str | None, node_name: str) -> GpuBackend:
+def backend_for(
+    *, simulate: str | None, node_name: str, driver_root: Path = Path("/")
+) -> GpuBackend:
     if simulate is None:
         from dra_gpu.devices import nvml  # pynvml only on real nodes
 
-        return nvml.NvmlBackend()
+        return nvml.NvmlBackend(driver_root=driver_root)
     from dra_gpu.devices import simulated
 
     try:

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import PurePosixPath
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,7 @@ def dra_registrar(
         state_dir=settings.state_dir,
         simulated=settings.simulate is not None,
         driver_root=settings.driver_root,
+        host_driver_root=PurePosixPath(settings.host_driver_root),
         inventory=inventory,
         client=client,
     )
@@ -91,7 +93,11 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
 
     try:
         devices = inventory.discover(
-            inventory.backend_for(simulate=settings.simulate, node_name=settings.node_name)
+            inventory.backend_for(
+                simulate=settings.simulate,
+                node_name=settings.node_name,
+                driver_root=settings.driver_root,
+            )
         )
         client = connect(settings.kubeconfig)
     except (inventory.InventoryError, errors.ApiError) as err:

@@ -5,6 +5,10 @@ Design and invariants:
   (``NODE_NAME``, ``POD_UID``). Precedence: flag, then environment, then default.
 - Parsing is a pure function of (parsed flags, environment) -> ``Settings`` so it is testable
   without processes; ``Settings`` is frozen and every path in it is absolute.
+- Two views of the driver root: ``driver_root`` is where the plugin reads the driver's files (in
+  the chart's container, e.g. ``/driver-root``), ``host_driver_root`` where the container
+  runtime finds the same files on the host (e.g. ``/``); CDI specs name the latter. The second
+  defaults to the first, which is right whenever the root is mounted at its host path.
 - Socket names are derived here too (``socket_paths``): the default names, or, when a pod UID is
   given, the rolling-update names that let two instances of the driver run side by side.
 """
@@ -41,6 +45,7 @@ ENV_VARS: Mapping[str, str] = {
     "cdi_root": "CDI_ROOT",
     "state_dir": "STATE_DIR",
     "driver_root": "DRIVER_ROOT",
+    "host_driver_root": "HOST_DRIVER_ROOT",
     "pod_uid": "POD_UID",
     "healthz_port": "HEALTHZ_PORT",
     "healthz_address": "HEALTHZ_ADDRESS",
@@ -72,6 +77,7 @@ class Settings:
     cdi_root: Path
     state_dir: Path
     driver_root: Path
+    host_driver_root: Path
     pod_uid: str | None
     healthz_port: int | None
     healthz_address: str
@@ -113,7 +119,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--cdi-root", "cdi_root", f"directory for CDI specs (default {DEFAULT_CDI_ROOT})")
     add("--state-dir", "state_dir", "directory for the checkpoint (default: plugin data dir)")
-    add("--driver-root", "driver_root", "root of the NVIDIA driver installation (default /)")
+    add(
+        "--driver-root",
+        "driver_root",
+        "root of the NVIDIA driver installation as this process sees it; NVML and the files "
+        "mounted into containers are found under it (default /)",
+    )
+    add(
+        "--host-driver-root",
+        "host_driver_root",
+        "the same root as the container runtime sees it on the host, named in CDI mounts "
+        "(default: the driver root)",
+    )
     add(
         "--pod-uid",
         "pod_uid",
@@ -176,6 +193,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     log_level = (pick("log_level") or "INFO").upper()
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError(f"log level must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
+    driver_root = _absolute(pick("driver_root"), Path("/"), "driver root")
     settings = Settings(
         node_name=node_name,
         driver_name=driver,
@@ -187,7 +205,8 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         plugin_data_dir=data_dir,
         cdi_root=_absolute(pick("cdi_root"), DEFAULT_CDI_ROOT, "CDI root"),
         state_dir=_absolute(pick("state_dir"), data_dir, "state dir"),
-        driver_root=_absolute(pick("driver_root"), Path("/"), "driver root"),
+        driver_root=driver_root,
+        host_driver_root=_absolute(pick("host_driver_root"), driver_root, "host driver root"),
         pod_uid=pod_uid,
         healthz_port=_port(pick("healthz_port")),
         healthz_address=pick("healthz_address") or DEFAULT_HEALTHZ_ADDRESS,

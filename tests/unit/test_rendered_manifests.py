@@ -5,7 +5,8 @@ Here they are checked against the code they start:
 
 Cases:
 - every subcommand and flag the Deployment/DaemonSet pass exists in ``dra_gpu.cli``;
-- every environment variable the plugin container gets is one the plugin reads, node name and
+- every environment variable the plugin container gets is one the plugin reads (the driver root
+  mounted at ``/driver-root`` read there, the host's ``/`` named in CDI specs), node name and
   pod UID come from the downward API, and the sockets' host paths are mounted at the same path;
 - the plugin rolls out with surge (a new pod before the old one goes) and tolerates GPU nodes;
 - the controller runs as the image's non-root user, without privileges;
@@ -27,8 +28,6 @@ from dra_gpu.plugin import settings as plugin_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 RENDERED = ROOT / "manifests" / "rendered"
-# Read by the chart for the day the plugin tells its own view of the driver root from the host's.
-NOT_YET_READ = {"HOST_DRIVER_ROOT"}
 
 
 def objects(name: str) -> dict[str, dict[str, Any]]:
@@ -67,13 +66,19 @@ def test_plugin_environment_is_read_by_the_plugin(rendered: dict[str, dict[str, 
     assert plugin["args"] == ["kubelet-plugin"]
     subparser("kubelet-plugin")  # the subcommand exists
     env = {e["name"]: e for e in plugin["env"]}
-    assert set(env) - NOT_YET_READ <= set(plugin_settings.ENV_VARS.values())
+    assert set(env) <= set(plugin_settings.ENV_VARS.values())
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     values = {k: v["value"] for k, v in env.items() if "value" in v}
     settings = plugin_settings.build_settings({}, {**values, "NODE_NAME": "n", "POD_UID": "u1"})
     assert settings.rolling_update
     assert settings.healthz_address == "0.0.0.0"
+    if "DRIVER_ROOT" in env:
+        # the host's / is mounted at /driver-root; CDI specs must name host paths
+        assert settings.driver_root == Path("/driver-root")
+        assert settings.host_driver_root == Path("/")
+        mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+        assert mounts["driver-root"] == "/driver-root"
 
 
 def test_plugin_sockets_and_specs_are_on_host_paths_at_the_same_path(
