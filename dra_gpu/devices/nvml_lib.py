@@ -42,6 +42,8 @@ LIBRARY_DIRS: Final = (
     "lib/x86_64-linux-gnu",
     "lib/aarch64-linux-gnu",
     "usr/lib",
+    # Cloud GPU images (and the H200 we test on) install the driver here.
+    "usr/local/nvidia/lib64",
 )
 # What an attempt with the bare name is reported as.
 DEFAULT_SEARCH: Final = f"{LIBRARY_NAME} (default library search path)"

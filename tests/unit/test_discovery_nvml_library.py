@@ -195,3 +195,9 @@ def test_load_failure_is_a_backend_error_and_retried_next_pass(tmp_path: Path) -
 def test_installed_pynvml_has_the_loader_hooks() -> None:
     assert hasattr(pynvml, "libLoadLock") and hasattr(pynvml, "nvmlLib")
     assert hasattr(pynvml, "_LoadNvmlLibrary")
+
+
+def test_cloud_image_driver_directory_is_searched(tmp_path: Path) -> None:
+    # The H200 machines we test on keep the driver in /usr/local/nvidia/lib64 (ldconfig -p).
+    lib = put(tmp_path, "usr/local/nvidia/lib64")
+    assert nvml_lib.find_libraries(tmp_path) == [lib]
