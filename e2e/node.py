@@ -23,7 +23,6 @@ import atexit
 import contextlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -104,8 +103,12 @@ class Node:
         self._bins = ensure_node_binaries()
         kubelet = binaries.ensure(("kubelet",), log=self.log)["kubelet"]
         archives = images.ensure_images(binaries.cache_root() / "images-v1")
+        for root in node_cleanup.reap_stale():
+            self.log(f"[node] cleaned up after a killed run: {root}")
         self._up = True
         atexit.register(self.down)
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        self._record().write()
         try:
             self._write_configs()
             node_cleanup.create_cgroup(self.cgroup_root)
@@ -137,17 +140,20 @@ class Node:
         self._stop("kubelet")
         self._kill_all_containers()
         self._stop("containerd")
-        sock = str(self.paths.containerd_socket)
-        node_cleanup.kill_pids(node_cleanup.pids_with_arg(sock))
-        node_cleanup.remove_cgroup(self.cgroup_root)
-        node_cleanup.unmount_under(self.paths.root)
-        node_cleanup.delete_link(bridge_name(self.paths))
-        node_cleanup.delete_link(node_link(self.paths))
+        node_cleanup.clean(self._record())
         _SUBNETS.discard(self.subnet)
-        if self._own_dir:
-            shutil.rmtree(self.paths.root, ignore_errors=True)
 
     # -- pieces --------------------------------------------------------------------------------
+
+    def _record(self) -> node_cleanup.NodeRecord:
+        return node_cleanup.NodeRecord(
+            root=str(self.paths.root),
+            containerd_socket=str(self.paths.containerd_socket),
+            cgroup=self.cgroup_root,
+            links=(bridge_name(self.paths), node_link(self.paths)),
+            owner_pid=os.getpid(),
+            remove_root=self._own_dir,
+        )
 
     @property
     def bins(self) -> NodeBinaries:

@@ -30,7 +30,14 @@ from e2e.binaries import cache_root
 
 GOMOD = Path(__file__).resolve().parent / "gomod"
 CNI_BIN_DIR = Path("/usr/lib/cni")
-DEBIAN_PACKAGES = ("busybox-static", "containernetworking-plugins", "libseccomp-dev", "iptables")
+DEBIAN_PACKAGES = (
+    "busybox-static",
+    "containernetworking-plugins",
+    "libseccomp-dev",
+    "pkg-config",
+    "iptables",
+    "iproute2",
+)
 
 
 def module_version(gomod: Path, module: str) -> str:

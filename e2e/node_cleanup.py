@@ -11,14 +11,77 @@ cleanup never touches anything else on the machine. Every step is best effort an
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-CGROUP_V1_ROOT = Path("/sys/fs/cgroup")
+RECORD = "node.json"
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What a node owns on the host, written to ``<root>/node.json`` when it starts, so that a
+    later run can clean up after a test process that was killed before its teardown."""
+
+    root: str
+    containerd_socket: str
+    cgroup: str
+    links: tuple[str, ...]
+    owner_pid: int
+    remove_root: bool
+
+    def write(self) -> None:
+        (Path(self.root) / RECORD).write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def read(cls, path: Path) -> NodeRecord:
+        data = json.loads(path.read_text())
+        return cls(**{**data, "links": tuple(data["links"])})
+
+
+def clean(record: NodeRecord) -> None:
+    """Remove everything ``record`` lists (its daemons must already be stopped or dead)."""
+    kill_pids(pids_with_arg(record.containerd_socket))  # shims outlive containerd by design
+    remove_cgroup(record.cgroup)
+    unmount_under(Path(record.root))
+    for link in record.links:
+        delete_link(link)
+    if record.remove_root:
+        shutil.rmtree(record.root, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            (Path(record.root) / RECORD).unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale(parent: Path | None = None) -> list[str]:
+    """Clean the nodes under ``parent`` (the temp dir) whose owning process is gone."""
+    reaped = []
+    for path in sorted((parent or Path(tempfile.gettempdir())).glob(f"dra-gpu-*/{RECORD}")):
+        try:
+            record = NodeRecord.read(path)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if not _alive(record.owner_pid):
+            clean(record)
+            reaped.append(record.root)
+    return reaped
 
 
 def _unescape_mount_path(field: str) -> str:

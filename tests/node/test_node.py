@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 from e2e.node import Node
+from e2e.node_cleanup import NodeRecord, reap_stale
 from e2e.suite import views
 from e2e.suite.kube import Kube, load_manifests, wait_for
 from e2e.suite.runner import SCENARIOS_DIR
@@ -61,3 +66,25 @@ def _report(kube: Kube, namespace: str) -> views.ContainerView | None:
         return views.parse_report(kube.log(namespace, "plain", "ctr"))
     except views.LogIncomplete:
         return None
+
+
+def test_a_node_left_by_a_killed_run_is_reaped_and_a_live_one_is_not(tmp_path: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    records = {}
+    for name, pid in (("dead", dead.pid), ("live", os.getpid())):
+        root = tmp_path / f"dra-gpu-{name}-x"
+        (root / "kubelet").mkdir(parents=True)
+        record = NodeRecord(
+            root=str(root),
+            containerd_socket=str(root / "c.sock"),
+            cgroup=f"/dra-gpu-test-{name}",
+            links=(f"dragpunone{name}",),
+            owner_pid=pid,
+            remove_root=True,
+        )
+        record.write()
+        records[name] = root
+    assert reap_stale(tmp_path) == [str(records["dead"])]
+    assert not records["dead"].exists()
+    assert (records["live"] / "node.json").is_file()
