@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from e2e.binaries import _run_go as run_go
 from e2e.binaries import cache_root
 
 GOMOD = Path(__file__).resolve().parent / "gomod"
@@ -96,6 +97,10 @@ RUNC = GoBuild(
 )
 
 
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
 @contextmanager
 def _locked(directory: Path) -> Iterator[None]:
     directory.mkdir(parents=True, exist_ok=True)
@@ -115,17 +120,17 @@ def ensure_built(build: GoBuild) -> Path:
         for binary, package, cgo, tags in build.packages:
             if (directory / binary).is_file():
                 continue
-            print(f"[node-binaries] building {binary} {build.version} ...", flush=True)
+            label = f"{binary} {build.version}"
+            print(f"[node-binaries] building {label} (cgo={'on' if cgo else 'off'})", flush=True)
             started = time.monotonic()
             ldflags = f"-s -w -X {build.version_var}={build.version}"
-            cmd = ["go", "build", "-trimpath", "-tags", tags, "-ldflags", ldflags]
-            env = {**os.environ, "CGO_ENABLED": "1" if cgo else "0"}
+            cmd = ["go", "build", "-v", "-trimpath", "-tags", tags, "-ldflags", ldflags]
             cmd += ["-o", str(tmp / binary), package]
-            subprocess.run(cmd, cwd=build.module_dir, env=env, check=True)
+            env = {**os.environ, "CGO_ENABLED": "1" if cgo else "0"}
+            # binaries' runner prints a heartbeat every 30 s and the output's tail on failure.
+            run_go(cmd, cwd=build.module_dir, env=env, log=_log, label=label)
             (tmp / binary).replace(directory / binary)
-            print(
-                f"[node-binaries] {binary} built in {time.monotonic() - started:.0f}s", flush=True
-            )
+            print(f"[node-binaries] {label} built in {time.monotonic() - started:.0f}s", flush=True)
     return directory
 
 
