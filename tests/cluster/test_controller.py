@@ -426,6 +426,8 @@ def test_only_the_leader_acts_and_the_other_takes_over(setup: Setup) -> None:
     transitions = client.request("GET", LEASE_PATH)["spec"].get("leaseTransitions", 0)
     leader_before, follower_before = len(leader.actions()), len(follower.actions())
     recreate_and_wait(client, "mig.nvidia.com")
+    # The class is visible before the replica logs its write: wait for the line, not the object.
+    wait_for(lambda: len(leader.actions()) > leader_before, what="the leader's log line")
     assert "DeviceClass mig.nvidia.com created" in leader.actions()[leader_before]
     assert len(follower.actions()) == follower_before
 
@@ -435,6 +437,7 @@ def test_only_the_leader_acts_and_the_other_takes_over(setup: Setup) -> None:
     wait_for(lambda: lease_holder(client) == follower.identity, what="the follower to take over")
     assert client.request("GET", LEASE_PATH)["spec"]["leaseTransitions"] == transitions + 1
     recreate_and_wait(client, "mig.nvidia.com")
+    wait_for(lambda: len(follower.actions()) > follower_before, what="the new leader's log line")
     # Its takeover pass found every other class as it wants it: no rewrites, one recreation.
     (action,) = follower.actions()[follower_before:]
     assert "DeviceClass mig.nvidia.com created" in action
