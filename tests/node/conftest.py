@@ -9,6 +9,7 @@ test registered without a kubelet.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -16,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from e2e import binaries, images
+from e2e import binaries, images, procs
 from e2e.cluster import Cluster
 from e2e.driver import Driver, PluginProcess, controller_process
 from e2e.node import Node
 from e2e.node_binaries import ensure_node_binaries
+from e2e.node_cleanup import cgroup_hierarchies, mounts_under
 from e2e.suite.kube import Kube
 from e2e.suite.runner import Context
 
@@ -49,6 +51,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         images.ensure_images(binaries.cache_root() / "images-v1")
 
 
+def _mountinfo() -> str:
+    return Path("/proc/self/mountinfo").read_text()
+
+
 def _report_on_failure(request: pytest.FixtureRequest, texts: list[str]) -> None:
     if request.session.testsfailed:
         for text in texts:
@@ -57,6 +63,8 @@ def _report_on_failure(request: pytest.FixtureRequest, texts: list[str]) -> None
 
 @pytest.fixture(scope="session")
 def real_nodes(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[dict[str, Node]]:
+    if os.geteuid() != 0:
+        pytest.skip("a real node (containerd, runc, kubelet, cgroups, mounts) needs root")
     nodes: dict[str, Node] = {}
     try:
         for name in NODE_PROFILES:
@@ -66,6 +74,17 @@ def real_nodes(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[dic
         _report_on_failure(request, [n.diagnostics() for n in nodes.values()])
         for node in nodes.values():
             node.down()
+    # Teardown must leave nothing: no process (shim, container) mentioning a node's directory
+    # or socket, no mount under it, no cgroup.
+    left = [p for n in nodes.values() for p in procs.leftover_processes(n.paths.root)]
+    mounts = [m for n in nodes.values() for m in mounts_under(n.paths.root, _mountinfo())]
+    cgroups = [
+        c
+        for n in nodes.values()
+        for h in cgroup_hierarchies()
+        if (c := h / n.cgroup_root.lstrip("/")).exists()
+    ]
+    assert not (left or mounts or cgroups), f"left behind: {left} {mounts} {cgroups}"
 
 
 @pytest.fixture(scope="session")
