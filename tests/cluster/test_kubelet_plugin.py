@@ -18,6 +18,7 @@ Cases:
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import signal
@@ -31,10 +32,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
+import waiting
 
 from dra_gpu.pb import (
     dra_v1_pb2,
@@ -50,18 +52,9 @@ from e2e.cluster import Cluster
 DRIVER = "gpu.nvidia.com"
 WAIT_S = 60.0  # bounds a broken test only
 RPC_TIMEOUT_S = 10
-T = TypeVar("T")
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.3)
+wait_for = functools.partial(waiting.wait_for, timeout=WAIT_S)
 
 
 def profile_json(count: int) -> str:

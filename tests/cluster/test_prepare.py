@@ -19,22 +19,23 @@ Cases:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import signal
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
+import waiting
 
 from dra_gpu.controller import classes
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
@@ -49,18 +50,9 @@ DRIVER = "gpu.nvidia.com"
 API = "resource.nvidia.com/v1beta1"
 WAIT_S = 90.0  # bounds a broken test only
 RPC_TIMEOUT_S = 30
-T = TypeVar("T")
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.3)
+wait_for = functools.partial(waiting.wait_for, timeout=WAIT_S)
 
 
 @dataclass
