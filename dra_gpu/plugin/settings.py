@@ -22,14 +22,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.plugin import sockets
 
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 DEFAULT_HEALTHZ_ADDRESS = "127.0.0.1"
-
-# sun_path is 108 bytes on Linux, including the terminating NUL.
-MAX_SOCKET_PATH = 107
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _POD_UID = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]{0,62}$")
@@ -213,8 +211,8 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         log_level=log_level,
     )
     for path in dataclasses.astuple(socket_paths(settings)):
-        if len(str(path).encode()) > MAX_SOCKET_PATH:
-            raise SettingsError(f"socket path longer than {MAX_SOCKET_PATH} bytes: {path}")
+        if len(str(path).encode()) > sockets.MAX_PATH:
+            raise SettingsError(f"socket path longer than {sockets.MAX_PATH} bytes: {path}")
     return settings
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o600
+# sun_path is 108 bytes on Linux, including the terminating NUL.
+MAX_PATH = 107
 
 
 class SocketError(OSError):
@@ -58,12 +60,27 @@ def listen_private(final: Path, bind: Callable[[str], object]) -> Path:
     private = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     temporary = private / "s"
     try:
-        bind(f"unix:{temporary}")
+        _bind_in(private, temporary.name, bind)
         os.chmod(temporary, SOCKET_MODE)
     except Exception as err:
         shutil.rmtree(private, ignore_errors=True)
         raise SocketError(f"cannot listen on {final}: {err}") from err
     return temporary
+
+
+def _bind_in(directory: Path, name: str, bind: Callable[[str], object]) -> None:
+    # The private directory's name is longer than the final socket name, so a final path that
+    # fits sun_path can yield a temporary one that does not. Binding through the directory's
+    # descriptor in /proc keeps the address short whatever the directory's path length.
+    direct = directory / name
+    if len(str(direct).encode()) <= MAX_PATH:
+        bind(f"unix:{direct}")
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        bind(f"unix:/proc/self/fd/{fd}/{name}")
+    finally:
+        os.close(fd)
 
 
 def publish(temporary: Path, final: Path) -> None:

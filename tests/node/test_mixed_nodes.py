@@ -26,6 +26,8 @@ def test_simulated_node_publishes_while_pods_stay_on_real_nodes(
     try:
 
         def published() -> int | None:
+            if not plugin.alive:
+                raise AssertionError(f"the plugin of {name} exited:\n{plugin.log_tail()}")
             mine = [s for s in kube.slices() if s["spec"].get("nodeName") == name]
             count = sum(len(s["spec"].get("devices") or []) for s in mine)
             return count or None

@@ -33,7 +33,7 @@ from dra_gpu.pb import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from dra_gpu.plugin import call_lock, grpc_health, inventory, node_plugin
+from dra_gpu.plugin import call_lock, grpc_health, inventory, node_plugin, sockets
 from dra_gpu.plugin import settings as plugin_settings
 
 NODE = "node-a"
@@ -165,6 +165,32 @@ def test_sockets_are_owner_only_and_no_private_dir_is_left(
         assert stat.S_IMODE(mode) == 0o600
     leftovers = [x.name for d in (p.registration.parent, p.dra.parent) for x in d.iterdir()]
     assert not [name for name in leftovers if name.startswith(".")]
+
+
+def test_serves_when_the_socket_paths_are_at_the_length_limit(short_root: Path) -> None:
+    # A registration socket path of exactly 107 bytes is valid; the plugin must serve on it
+    # even though the private directory it binds in first has a longer path.
+    base = paths(short_root).registration
+    pad = sockets.MAX_PATH - len(str(base).encode()) - len("/")
+    assert pad > 0, "pytest's tmp root is already too long for this test"
+    root = short_root / ("d" * pad)
+    assert len(str(paths(root).registration).encode()) == sockets.MAX_PATH
+    devices = inventory.discover(inventory.backend_for(simulate="h200x8", node_name=NODE))
+    plugin = node_plugin.NodePlugin(
+        make_settings(root), store=FakeSliceStore(), devices=devices, register_dra=register_empty_dra
+    )
+    plugin.start()
+    try:
+        assert get_info(paths(root).registration).endpoint == str(root / "data" / "dra.sock")
+    finally:
+        plugin.stop()
+
+
+def test_socket_path_over_the_limit_is_a_settings_error(short_root: Path) -> None:
+    base = paths(short_root).registration
+    root = short_root / ("d" * (sockets.MAX_PATH - len(str(base).encode())))
+    with pytest.raises(plugin_settings.SettingsError, match="longer than 107 bytes"):
+        make_settings(root)
 
 
 @pytest.mark.parametrize(
