@@ -177,7 +177,10 @@ def test_serves_when_the_socket_paths_are_at_the_length_limit(short_root: Path) 
     assert len(str(paths(root).registration).encode()) == sockets.MAX_PATH
     devices = inventory.discover(inventory.backend_for(simulate="h200x8", node_name=NODE))
     plugin = node_plugin.NodePlugin(
-        make_settings(root), store=FakeSliceStore(), devices=devices, register_dra=register_empty_dra
+        make_settings(root),
+        store=FakeSliceStore(),
+        devices=devices,
+        register_dra=register_empty_dra,
     )
     plugin.start()
     try:
