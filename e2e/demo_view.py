@@ -8,7 +8,7 @@
   in the plugin's CDI directory (``cdi_view``), exactly as the runtime would.
 
 Either way the result is a ``ContainerView`` (environment + device node paths), summarised per
-device from the ``GPU_DEVICE_<i>*`` variables the driver's CDI specs set.
+device from the ``GPU_DEVICE_<key>*`` variables the driver's CDI specs set.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dra_gpu.plugin.cdi import env_prefix
 from e2e.suite.views import ContainerView
-
-_DEVICE_VAR = re.compile(r"^GPU_DEVICE_(\d+)$")
 
 
 def pod_claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
@@ -76,13 +75,17 @@ def cdi_view(specs: Iterable[Mapping[str, Any]], device_ids: Sequence[str]) -> C
     return ContainerView(env=env, device_paths=frozenset(paths))
 
 
+def _natural(name: str) -> list[int | str]:
+    # gpu-2 before gpu-10
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def summarize(view: ContainerView) -> str:
     """One line per device the container got: ``gpu-3 NVIDIA H200 /dev/nvidia3 [TimeSlicing]``."""
     lines = []
-    indexes = sorted(int(m.group(1)) for k in view.env if (m := _DEVICE_VAR.match(k)))
     gpu_nodes = sorted(view.gpu_nodes, key=lambda p: int(p.removeprefix("/dev/nvidia")))
-    for i in indexes:
-        prefix = f"GPU_DEVICE_{i}"
+    for name in sorted(view.device_names, key=_natural):
+        prefix = env_prefix(name)
         parts = [view.env[prefix], view.env.get(f"{prefix}_PRODUCT", "")]
         if profile := view.env.get(f"{prefix}_MIG_PROFILE"):
             parts.append(f"MIG {profile}")

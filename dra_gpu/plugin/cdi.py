@@ -16,8 +16,11 @@ and from the node's facts:
 - :class:`SimulatedNode`: the same shape, with a harmless host device (``/dev/null``) standing in
   for every NVIDIA device node, so a container shows exactly which devices it got.
 
-Both get environment describing every device (``GPU_DEVICE_<i>=<name>`` and its UUID, product,
-type, MIG profile and sharing settings), ``<i>`` being the device's position in the claim.
+Both get environment describing every device: ``GPU_DEVICE_<key>=<name>`` and its UUID, product,
+type, MIG profile, sharing settings and claim, ``<key>`` being the device name without ``gpu-``
+in upper case (``gpu-3`` -> ``GPU_DEVICE_3``, as in NVIDIA's example driver). A container may use
+several claims and the runtime merges their environments, so the key must be unique on the node:
+a position in the claim would make a second claim's ``GPU_DEVICE_0`` hide the first one's.
 
 Writes are atomic (:mod:`dra_gpu.plugin.atomicfile`): a runtime reading the directory sees
 either no spec or a complete one, also across a crash of the plugin.
@@ -119,14 +122,21 @@ def _sharing_env(prefix: str, config: DeviceConfig) -> list[str]:
     return env
 
 
-def device_env(index: int, device: ClaimDevice) -> list[str]:
+def env_prefix(device_name: str) -> str:
+    """``GPU_DEVICE_<key>``: the variable naming a device, unique among the node's devices."""
+    key = device_name.removeprefix("gpu-").upper().replace("-", "_")
+    return f"GPU_DEVICE_{key}"
+
+
+def device_env(device: ClaimDevice, claim_ref: str) -> list[str]:
     """Environment describing one device; identical on real and simulated nodes."""
-    prefix = f"GPU_DEVICE_{index}"
+    prefix = env_prefix(device.name)
     env = [
         f"{prefix}={device.name}",
         f"{prefix}_UUID={device.uuid}",
         f"{prefix}_TYPE={device.type}",
         f"{prefix}_PRODUCT={device.product_name}",
+        f"{prefix}_CLAIM={claim_ref}",
     ]
     if device.mig_profile is not None:
         env.append(f"{prefix}_MIG_PROFILE={device.mig_profile}")
@@ -155,13 +165,12 @@ def _device_node(path: str, node: Node) -> dict[str, Any]:
     return {"path": path, "hostPath": str(node.dev_root / path.lstrip("/"))}
 
 
-def _common_edits(claim_ref: str, devices: Sequence[ClaimDevice], node: Node) -> dict[str, Any]:
-    # On a real node "void": a legacy NVIDIA runtime hook would otherwise inject devices on its
-    # own, and CDI already does. Simulated nodes show the UUIDs to the container.
-    simulated = isinstance(node, SimulatedNode)
-    visible = ",".join(d.uuid for d in devices) if simulated else "void"
+def _common_edits(node: Node) -> dict[str, Any]:
+    # "void": a legacy NVIDIA runtime hook would otherwise inject devices on its own, and CDI
+    # already does. Nothing claim-specific here: a container with several claims gets every
+    # claim's spec-level edits, and the last one's value of a variable would win.
     edits: dict[str, Any] = {
-        "env": [f"DRA_GPU_CLAIM={claim_ref}", f"NVIDIA_VISIBLE_DEVICES={visible}"],
+        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
         "deviceNodes": [_device_node(p, node) for p in CONTROL_NODES],
     }
     if isinstance(node, RealNode) and node.driver_mounts:
@@ -194,17 +203,17 @@ def build_spec(
         {
             "name": f"{claim_uid}-{device.name}",
             "containerEdits": {
-                "env": device_env(index, device),
+                "env": device_env(device, claim_ref),
                 "deviceNodes": [_device_node(p, node) for p in _node_paths(device, node)],
             },
         }
-        for index, device in enumerate(devices)
+        for device in devices
     ]
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": KIND,
         "devices": cdi_devices,
-        "containerEdits": _common_edits(claim_ref, devices, node),
+        "containerEdits": _common_edits(node),
     }
     spec["cdiVersion"] = cdi_validate.minimum_version(spec)
     return spec

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dra_gpu.plugin.cdi import env_prefix
 from e2e.suite import views
 from e2e.suite.runner import Check, Context, Run, Scenario
 
@@ -83,15 +84,17 @@ def memory_at_least(minimum: int) -> Check:
     return check
 
 
-def env_has(**expected: str) -> Check:
+def device_env_has(**expected: str) -> Check:
+    """Each device a container got is described by ``GPU_DEVICE_<key>_<NAME>=<value>``."""
+
     def check(ctx: Context, run: Run) -> list[str]:
         problems = []
         for c in run.containers:
-            if not c.devices:
-                continue
-            for key, value in expected.items():
-                if c.view.env.get(key) != value:
-                    problems.append(f"{c.pod}/{c.container}: {key}={c.view.env.get(key)!r}")
+            for device in c.devices:
+                for suffix, value in expected.items():
+                    key = f"{env_prefix(device)}_{suffix}"
+                    if c.view.env.get(key) != value:
+                        problems.append(f"{c.pod}/{c.container}: {key}={c.view.env.get(key)!r}")
         return problems
 
     return check
@@ -149,6 +152,11 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("one-gpu", "one GPU", checks=(device_count(1),)),
     Scenario("two-gpus", "two GPUs in one claim", checks=(device_count(2),)),
     Scenario(
+        "two-claims",
+        "one container with two claims sees both GPUs",
+        checks=(device_count(2), device_env_has(TYPE="gpu")),
+    ),
+    Scenario(
         "gpu-by-product",
         "a GPU by product name",
         checks=(device_count(1), attribute_is("productName", "NVIDIA H200")),
@@ -165,7 +173,7 @@ SCENARIOS: tuple[Scenario, ...] = (
             device_count(1),
             attribute_is("type", "mig"),
             attribute_is("profile", "3g.20gb"),
-            env_has(GPU_DEVICE_0_TYPE="mig", GPU_DEVICE_0_MIG_PROFILE="3g.20gb"),
+            device_env_has(TYPE="mig", MIG_PROFILE="3g.20gb"),
         ),
     ),
     Scenario(
@@ -177,11 +185,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "gpu-config",
         "a claim with a GpuConfig (time-slicing)",
-        checks=(
-            env_has(
-                GPU_DEVICE_0_SHARING_STRATEGY="TimeSlicing", GPU_DEVICE_0_TIMESLICE_INTERVAL="Long"
-            ),
-        ),
+        checks=(device_env_has(SHARING_STRATEGY="TimeSlicing", TIMESLICE_INTERVAL="Long"),),
     ),
     Scenario(
         "unsatisfiable",

@@ -4,7 +4,8 @@ Every scenario container runs the same script (see ``e2e/scenarios/*/``): it pri
 sorted environment, ``== devices``, every ``/dev/nvidia*`` path it has, then ``== end``. From the
 claim's ``status.allocation`` the suite derives what the container must see — no more, no less:
 
-- ``GPU_DEVICE_<i>=<device name>`` for each allocated device of our driver (the CDI env edit);
+- ``GPU_DEVICE_<key>=<device name>`` for each allocated device of our driver (the CDI env edit;
+  ``<key>`` is derived from the name, see ``dra_gpu.plugin.cdi.env_prefix``);
 - ``/dev/nvidia<minor>`` for each device (a MIG device shows its parent GPU's node) plus the
   control nodes, which appear iff the container got at least one device.
 
@@ -19,9 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dra_gpu.plugin.cdi import env_prefix
+
 DRIVER = "gpu.nvidia.com"
 CONTROL_NODES = frozenset({"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"})
-_DEVICE_ENV = re.compile(r"^GPU_DEVICE_(\d+)$")
 _GPU_MINOR = re.compile(r"^gpu-(\d+)(?:-mig-|$)")
 
 
@@ -36,8 +38,8 @@ class ContainerView:
 
     @property
     def device_names(self) -> frozenset[str]:
-        """The devices the CDI environment announces (``GPU_DEVICE_<i>`` values)."""
-        return frozenset(v for k, v in self.env.items() if _DEVICE_ENV.match(k))
+        """The devices the CDI environment announces (``GPU_DEVICE_<key>=<name>``)."""
+        return frozenset(v for k, v in self.env.items() if k == env_prefix(v))
 
     @property
     def gpu_nodes(self) -> frozenset[str]:

@@ -312,10 +312,9 @@ def test_prepare_and_unprepare_scheduled_claims(node: Node, claims: dict[str, Cl
     gpu_env = json.loads(specs[gpu.uid].read_text())["devices"][0]["containerEdits"]["env"]
     assert "GPU_DEVICE_0_TIMESLICE_INTERVAL=Long" in gpu_env
     mig_spec = json.loads(specs[mig.uid].read_text())
-    assert (
-        "GPU_DEVICE_1_MPS_ACTIVE_THREAD_PERCENTAGE=50"
-        in mig_spec["devices"][1]["containerEdits"]["env"]
-    )
+    second = mig_spec["devices"][1]
+    prefix = cdi.env_prefix(second["name"].removeprefix(f"{mig.uid}-"))
+    assert f"{prefix}_MPS_ACTIVE_THREAD_PERCENTAGE=50" in second["containerEdits"]["env"]
 
     with grpc.insecure_channel(f"unix://{node.socket}") as channel:
         again = dra_v1beta1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(

@@ -80,25 +80,46 @@ def test_simulated_spec_describes_each_device() -> None:
     assert validate_spec(spec) == []
     assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
     assert [d["name"] for d in spec["devices"]] == [f"{UID}-gpu-0", f"{UID}-{MIG1.name}"]
-    assert "NVIDIA_VISIBLE_DEVICES=GPU-aaaa,MIG-bbbb" in env_of(spec)
-    assert "DRA_GPU_CLAIM=ns/c" in env_of(spec)
+    # Spec-level edits are merged across a container's claims: nothing claim-specific there.
+    assert env_of(spec) == ["NVIDIA_VISIBLE_DEVICES=void"]
     assert env_of(spec, 0) == [
         "GPU_DEVICE_0=gpu-0",
         "GPU_DEVICE_0_UUID=GPU-aaaa",
         "GPU_DEVICE_0_TYPE=gpu",
         "GPU_DEVICE_0_PRODUCT=NVIDIA H200",
+        "GPU_DEVICE_0_CLAIM=ns/c",
         "GPU_DEVICE_0_SHARING_STRATEGY=TimeSlicing",
         "GPU_DEVICE_0_TIMESLICE_INTERVAL=Default",
     ]
-    assert "GPU_DEVICE_1_MIG_PROFILE=1g.18gb" in env_of(spec, 1)
-    assert "GPU_DEVICE_1_SHARING_STRATEGY=MPS" in env_of(spec, 1)
-    assert "GPU_DEVICE_1_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env_of(spec, 1)
+    mig_env = env_of(spec, 1)
+    assert "GPU_DEVICE_1_MIG_1G18GB_19_6=gpu-1-mig-1g18gb-19-6" in mig_env
+    assert "GPU_DEVICE_1_MIG_1G18GB_19_6_MIG_PROFILE=1g.18gb" in mig_env
+    assert "GPU_DEVICE_1_MIG_1G18GB_19_6_SHARING_STRATEGY=MPS" in mig_env
+    assert "GPU_DEVICE_1_MIG_1G18GB_19_6_MPS_ACTIVE_THREAD_PERCENTAGE=25" in mig_env
     nodes = [n for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
     nodes += spec["containerEdits"]["deviceNodes"]
     assert {n["hostPath"] for n in nodes} == {"/dev/null"}
     assert node_paths(spec["devices"][0]["containerEdits"]) == ["/dev/nvidia0"]
     assert node_paths(spec["devices"][1]["containerEdits"]) == ["/dev/nvidia1"]
     assert node_paths(spec["containerEdits"]) == list(cdi.CONTROL_NODES)
+
+
+def test_two_claims_in_one_container_do_not_hide_each_others_devices() -> None:
+    # The runtime merges the env of every CDI device a container gets, later entries winning.
+    gpu1 = cdi.ClaimDevice(**{**GPU0.__dict__, "name": DeviceName("gpu-1"), "minor": 1})
+    first = cdi.build_spec(
+        claim_uid=UID, claim_ref="ns/a", devices=[GPU0], node=cdi.SimulatedNode()
+    )
+    second = cdi.build_spec(
+        claim_uid=ClaimUID("u2"), claim_ref="ns/b", devices=[gpu1], node=cdi.SimulatedNode()
+    )
+    merged: dict[str, str] = {}
+    for spec in (first, second):
+        for entry in env_of(spec) + env_of(spec, 0):
+            key, _, value = entry.partition("=")
+            merged[key] = value
+    assert merged["GPU_DEVICE_0"] == "gpu-0" and merged["GPU_DEVICE_0_CLAIM"] == "ns/a"
+    assert merged["GPU_DEVICE_1"] == "gpu-1" and merged["GPU_DEVICE_1_CLAIM"] == "ns/b"
 
 
 @pytest.fixture

@@ -26,14 +26,14 @@ SPEC = {
         {
             "name": "u1-gpu-3",
             "containerEdits": {
-                "env": ["GPU_DEVICE_0=gpu-3", "GPU_DEVICE_0_PRODUCT=NVIDIA H200"],
+                "env": ["GPU_DEVICE_3=gpu-3", "GPU_DEVICE_3_PRODUCT=NVIDIA H200"],
                 "deviceNodes": [{"path": "/dev/nvidia3", "hostPath": "/dev/null"}],
             },
         },
         {
             "name": "u1-gpu-4",
             "containerEdits": {
-                "env": ["GPU_DEVICE_1=gpu-4"],
+                "env": ["GPU_DEVICE_4=gpu-4"],
                 "deviceNodes": [{"path": "/dev/nvidia4"}],
             },
         },
@@ -45,8 +45,8 @@ def test_cdi_ids_resolve_to_spec_and_device_edits() -> None:
     view = demo_view.cdi_view([SPEC], [f"{KIND}=u1-gpu-3"])
     assert view.env == {
         "CLAIM": "1",
-        "GPU_DEVICE_0": "gpu-3",
-        "GPU_DEVICE_0_PRODUCT": "NVIDIA H200",
+        "GPU_DEVICE_3": "gpu-3",
+        "GPU_DEVICE_3_PRODUCT": "NVIDIA H200",
     }
     assert view.device_paths == {"/dev/nvidiactl", "/dev/nvidia3"}
 
@@ -84,16 +84,16 @@ def test_container_claims_follow_pod_claim_names() -> None:
     ("env", "paths", "expected"),
     [
         pytest.param(
-            {"GPU_DEVICE_0": "gpu-3", "GPU_DEVICE_0_PRODUCT": "NVIDIA H200"},
+            {"GPU_DEVICE_3": "gpu-3", "GPU_DEVICE_3_PRODUCT": "NVIDIA H200"},
             {"/dev/nvidia3", "/dev/nvidiactl"},
             "gpu-3 NVIDIA H200 (/dev/nvidia3)",
             id="full-gpu",
         ),
         pytest.param(
             {
-                "GPU_DEVICE_0": "gpu-1-mig-3g20gb-9-4",
-                "GPU_DEVICE_0_MIG_PROFILE": "3g.20gb",
-                "GPU_DEVICE_0_SHARING_STRATEGY": "TimeSlicing",
+                "GPU_DEVICE_1_MIG_3G20GB_9_4": "gpu-1-mig-3g20gb-9-4",
+                "GPU_DEVICE_1_MIG_3G20GB_9_4_MIG_PROFILE": "3g.20gb",
+                "GPU_DEVICE_1_MIG_3G20GB_9_4_SHARING_STRATEGY": "TimeSlicing",
             },
             {"/dev/nvidia1"},
             "gpu-1-mig-3g20gb-9-4 MIG 3g.20gb (/dev/nvidia1)",
@@ -101,19 +101,25 @@ def test_container_claims_follow_pod_claim_names() -> None:
         ),
         pytest.param(
             {
-                "GPU_DEVICE_0": "gpu-4",
-                "GPU_DEVICE_0_SHARING_STRATEGY": "TimeSlicing",
-                "GPU_DEVICE_0_TIMESLICE_INTERVAL": "Long",
+                "GPU_DEVICE_4": "gpu-4",
+                "GPU_DEVICE_4_SHARING_STRATEGY": "TimeSlicing",
+                "GPU_DEVICE_4_TIMESLICE_INTERVAL": "Long",
             },
             {"/dev/nvidia4"},
             "gpu-4 [TimeSlicing Long] (/dev/nvidia4)",
             id="time-slicing-long",
         ),
         pytest.param(
-            {"GPU_DEVICE_1": "gpu-10", "GPU_DEVICE_0": "gpu-2"},
+            {"GPU_DEVICE_10": "gpu-10", "GPU_DEVICE_2": "gpu-2"},
             {"/dev/nvidia10", "/dev/nvidia2"},
             "gpu-2\ngpu-10 (/dev/nvidia2, /dev/nvidia10)",
-            id="two-devices-in-index-order",
+            id="two-devices-in-natural-order",
+        ),
+        pytest.param(
+            {"GPU_DEVICE_0": "gpu-3", "GPU_DEVICE_3_UUID": "GPU-x"},
+            {"/dev/nvidia3"},
+            "no GPU",
+            id="name-under-another-devices-key-is-not-a-device",
         ),
         pytest.param({"PATH": "/bin"}, set(), "no GPU", id="no-gpu"),
     ],

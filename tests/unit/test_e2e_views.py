@@ -33,7 +33,7 @@ def claim(*results: tuple[str, str, str]) -> dict[str, Any]:
 
 
 def test_parse_report_reads_env_and_device_paths() -> None:
-    view = views.parse_report(report({"GPU_DEVICE_0": "gpu-3", "A": "b=c"}, ["/dev/nvidia3"]))
+    view = views.parse_report(report({"GPU_DEVICE_3": "gpu-3", "A": "b=c"}, ["/dev/nvidia3"]))
     assert view.env["A"] == "b=c"
     assert view.device_names == {"gpu-3"}
     assert view.gpu_nodes == {"/dev/nvidia3"}
@@ -66,7 +66,7 @@ def test_allocated_devices_keeps_own_driver_and_request() -> None:
 
 
 def test_exactly_the_allocated_devices_is_no_mismatch() -> None:
-    view = views.parse_report(report({"GPU_DEVICE_0": "gpu-1"}, ["/dev/nvidia1", *CTL]))
+    view = views.parse_report(report({"GPU_DEVICE_1": "gpu-1"}, ["/dev/nvidia1", *CTL]))
     assert views.mismatches(view, ["gpu-1"]) == []
 
 
@@ -74,12 +74,12 @@ def test_exactly_the_allocated_devices_is_no_mismatch() -> None:
     ("env", "paths", "allocated", "fragment"),
     [
         (
-            {"GPU_DEVICE_0": "gpu-1"},
+            {"GPU_DEVICE_1": "gpu-1"},
             ["/dev/nvidia1", "/dev/nvidia2", *CTL],
             ["gpu-1"],
             "unexpected ['/dev/nvidia2']",
         ),
-        ({"GPU_DEVICE_0": "gpu-1"}, [*CTL], ["gpu-1"], "missing ['/dev/nvidia1']"),
+        ({"GPU_DEVICE_1": "gpu-1"}, [*CTL], ["gpu-1"], "missing ['/dev/nvidia1']"),
         ({}, ["/dev/nvidia1", *CTL], ["gpu-1"], "env names []"),
         ({}, ["/dev/nvidiactl"], [], "unexpected ['/dev/nvidiactl']"),
     ],

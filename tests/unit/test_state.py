@@ -101,7 +101,7 @@ def test_prepare_answer_spec_and_record(env: Env) -> None:
     assert devices[0].cdi_device_ids == ("k8s.gpu.nvidia.com/claim=u1-gpu-0",)
     spec = json.loads(cdi.spec_path(env.cdi_root, ClaimUID("u1")).read_text())
     assert validate_spec(spec) == []
-    assert "GPU_DEVICE_1=" + MIG in spec["devices"][1]["containerEdits"]["env"]
+    assert "GPU_DEVICE_1_MIG_1G5GB_19_2=" + MIG in spec["devices"][1]["containerEdits"]["env"]
     assert env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
 
     assert state.prepare([ref("u1")]) == out, "prepare twice gives the same answer"
