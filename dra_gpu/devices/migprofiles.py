@@ -19,6 +19,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from dra_gpu.devices.model import MigEngines
+
 MIB = 1 << 20
 
 # NVML compute-instance profile id of the CI that spans a whole GI, by GI compute slices
@@ -37,12 +39,7 @@ class MigProfile:
     max_instances: int
     placement_starts: tuple[int, ...]
     memory_mib: int
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-    jpeg_engines: int
-    ofa_engines: int
+    engines: MigEngines
 
     @property
     def memory_bytes(self) -> int:
@@ -92,8 +89,7 @@ def _p(
     sm: int,
     engines: tuple[int, int, int, int, int],  # copy, dec, enc, jpeg, ofa
 ) -> MigProfile:
-    ce, dec, enc, jpeg, ofa = engines
-    return MigProfile(name, gi_id, g, mem_slices, count, starts, mib, sm, ce, dec, enc, jpeg, ofa)
+    return MigProfile(name, gi_id, g, mem_slices, count, starts, mib, MigEngines(sm, *engines))
 
 
 _ALL7 = (0, 1, 2, 3, 4, 5, 6)
@@ -202,12 +198,4 @@ def layout_errors(table: MigTable, placements: Iterable[tuple[str, int]]) -> lis
 
 
 def _resources(p: MigProfile) -> dict[str, int]:
-    return {
-        "compute slices": p.compute_slices,
-        "multiprocessors": p.multiprocessors,
-        "copy engines": p.copy_engines,
-        "decoders": p.decoders,
-        "encoders": p.encoders,
-        "JPEG engines": p.jpeg_engines,
-        "OFA engines": p.ofa_engines,
-    }
+    return {"compute slices": p.compute_slices, **p.engines.capacities()}

@@ -72,6 +72,32 @@ AttributeValue = bool | int | str | Version
 
 
 @dataclass(frozen=True)
+class MigEngines:
+    """What one MIG instance gets of its GPU's units (NVML's GPU-instance profile counts).
+
+    Shared by a profile (what any instance of it gets) and an existing MIG device.
+    """
+
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+    def capacities(self) -> dict[str, int]:
+        """As published: capacity name -> count."""
+        return {
+            CAP_MULTIPROCESSORS: self.multiprocessors,
+            CAP_COPY_ENGINES: self.copy_engines,
+            CAP_DECODERS: self.decoders,
+            CAP_ENCODERS: self.encoders,
+            CAP_JPEG_ENGINES: self.jpeg_engines,
+            CAP_OFA_ENGINES: self.ofa_engines,
+        }
+
+
+@dataclass(frozen=True)
 class MigDeviceInfo:
     """One existing MIG device (a GPU instance plus one compute instance inside it)."""
 
@@ -86,12 +112,7 @@ class MigDeviceInfo:
     placement_start: int  # in memory slices
     placement_size: int  # in memory slices
     memory_bytes: int
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-    jpeg_engines: int
-    ofa_engines: int
+    engines: MigEngines
 
 
 @dataclass(frozen=True)

@@ -80,12 +80,7 @@ def mig_device(gpu: GpuInfo, mig: MigDeviceInfo) -> Device:
         **_common_attributes(gpu),
     }
     capacity = {
-        model.CAP_MULTIPROCESSORS: mig.multiprocessors,
-        model.CAP_COPY_ENGINES: mig.copy_engines,
-        model.CAP_DECODERS: mig.decoders,
-        model.CAP_ENCODERS: mig.encoders,
-        model.CAP_JPEG_ENGINES: mig.jpeg_engines,
-        model.CAP_OFA_ENGINES: mig.ofa_engines,
+        **mig.engines.capacities(),
         model.CAP_MEMORY: mig.memory_bytes,
     }
     name = mig_device_name(

@@ -29,7 +29,7 @@ from typing import Any
 
 from dra_gpu.devices import migprofiles, nvml_lib, pci
 from dra_gpu.devices.bounded import BoundedCaller, CallTimeoutError
-from dra_gpu.devices.model import Discovery, DiscoveryError, GpuInfo, MigDeviceInfo
+from dra_gpu.devices.model import Discovery, DiscoveryError, GpuInfo, MigDeviceInfo, MigEngines
 
 log = logging.getLogger(__name__)
 
@@ -306,12 +306,14 @@ class NvmlBackend:
             placement_start=int(gi_info.placement.start),
             placement_size=int(gi_info.placement.size),
             memory_bytes=int(prof.memorySizeMB) * migprofiles.MIB,
-            multiprocessors=int(prof.multiprocessorCount),
-            copy_engines=int(prof.copyEngineCount),
-            decoders=int(prof.decoderCount),
-            encoders=int(prof.encoderCount),
-            jpeg_engines=int(prof.jpegCount),
-            ofa_engines=int(prof.ofaCount),
+            engines=MigEngines(
+                multiprocessors=int(prof.multiprocessorCount),
+                copy_engines=int(prof.copyEngineCount),
+                decoders=int(prof.decoderCount),
+                encoders=int(prof.encoderCount),
+                jpeg_engines=int(prof.jpegCount),
+                ofa_engines=int(prof.ofaCount),
+            ),
         )
 
 

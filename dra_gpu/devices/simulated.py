@@ -263,12 +263,7 @@ class SimulatedBackend:
             placement_start=start,
             placement_size=prof.memory_slices,
             memory_bytes=prof.memory_bytes,
-            multiprocessors=prof.multiprocessors,
-            copy_engines=prof.copy_engines,
-            decoders=prof.decoders,
-            encoders=prof.encoders,
-            jpeg_engines=prof.jpeg_engines,
-            ofa_engines=prof.ofa_engines,
+            engines=prof.engines,
         )
 
 

@@ -152,12 +152,12 @@ class FakeNvml:
             id=prof.gi_profile_id,
             sliceCount=prof.compute_slices,
             memorySizeMB=prof.memory_mib,
-            multiprocessorCount=prof.multiprocessors,
-            copyEngineCount=prof.copy_engines,
-            decoderCount=prof.decoders,
-            encoderCount=prof.encoders,
-            jpegCount=prof.jpeg_engines,
-            ofaCount=prof.ofa_engines,
+            multiprocessorCount=prof.engines.multiprocessors,
+            copyEngineCount=prof.engines.copy_engines,
+            decoderCount=prof.engines.decoders,
+            encoderCount=prof.engines.encoders,
+            jpegCount=prof.engines.jpeg_engines,
+            ofaCount=prof.engines.ofa_engines,
             name=f"MIG {prof.name}".encode(),
         )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from dra_gpu.devices import migprofiles, naming, pci
-from dra_gpu.devices.model import GpuInfo, Version
+from dra_gpu.devices.model import GpuInfo, MigEngines, Version
 
 
 @pytest.mark.parametrize(
@@ -120,8 +120,10 @@ def test_engine_limits_are_enforced() -> None:
         memory_slices=8,
         compute_slices=7,
         profiles=(
-            migprofiles.MigProfile("7g.8gb", 0, 7, 8, 1, (0,), 8, 7, 1, 1, 0, 0, 0),
-            migprofiles.MigProfile("1g.1gb", 19, 1, 1, 7, tuple(range(7)), 1, 1, 0, 1, 0, 0, 0),
+            migprofiles.MigProfile("7g.8gb", 0, 7, 8, 1, (0,), 8, MigEngines(7, 1, 1, 0, 0, 0)),
+            migprofiles.MigProfile(
+                "1g.1gb", 19, 1, 1, 7, tuple(range(7)), 1, MigEngines(1, 0, 1, 0, 0, 0)
+            ),
         ),
     )
     errors = migprofiles.layout_errors(table, [("1g.1gb", 0), ("1g.1gb", 1)])
