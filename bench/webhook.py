@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from dra_gpu.controller import registration  # noqa: E402
 from dra_gpu.kube import errors  # noqa: E402
 from dra_gpu.kube.client import KubeClient, connect  # noqa: E402
-from e2e import procs  # noqa: E402
+from e2e import procs, waiting  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
 
 NS = "bench-webhook"
@@ -145,16 +145,18 @@ def controller(kubeconfig: str, workdir: Path) -> Iterator[tuple[int, Path]]:
     ]
     proc = procs.spawn(argv, log_path=workdir / "controller.log", env=os.environ)
     ca = workdir / "certs" / "ca.crt"
+
+    def serving() -> bool:
+        if proc.poll() is not None:
+            raise SystemExit((workdir / "controller.log").read_text())
+        with contextlib.suppress(OSError):
+            ctx = ssl.create_default_context(cafile=str(ca))
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx):
+                return True
+        return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError):
-                ctx = ssl.create_default_context(cafile=str(ca))
-                with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx):
-                    break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit((workdir / "controller.log").read_text())
-            time.sleep(0.2)
+        waiting.wait_for("the controller's webhook", serving, timeout=60)
         yield port, ca
     finally:
         procs.stop(proc)
@@ -174,7 +176,7 @@ def register(client: KubeClient, port: int, ca: Path) -> None:
         namespaces=[NS],
     )
     client.request("POST", WEBHOOKS, body=config)
-    wait(lambda: webhook_in_effect(client), "the webhook to take effect")
+    waiting.wait_for("the webhook to take effect", lambda: webhook_in_effect(client), timeout=30)
 
 
 def bad_claim() -> dict[str, Any]:
@@ -193,18 +195,12 @@ def webhook_in_effect(client: KubeClient) -> bool:
     return False
 
 
-def wait(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not check():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 def unregister(client: KubeClient) -> None:
     with contextlib.suppress(errors.NotFound):
         client.request("DELETE", f"{WEBHOOKS}/{CONFIG_NAME}")
-    wait(lambda: not webhook_in_effect(client), "the webhook to be out of effect")
+    waiting.wait_for(
+        "the webhook to be out of effect", lambda: not webhook_in_effect(client), timeout=30
+    )
 
 
 def via_apiserver(client: KubeClient, count: int) -> list[float]:

@@ -14,28 +14,18 @@ from typing import Any, TypeVar
 import yaml
 from kubernetes import client, config
 
+from e2e import waiting
+from e2e.waiting import WaitTimeout
+
 T = TypeVar("T")
 RESOURCE = ("resource.k8s.io", "v1")
+__all__ = ["RESOURCE", "Kube", "WaitTimeout", "load_manifests", "wait_for"]
 
 
-class WaitTimeout(AssertionError):
-    pass
-
-
-def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float, every: float = 0.5) -> T:
-    """Poll ``probe`` until it returns something other than None; its last error is reported."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            value = probe()
-            if value is not None:
-                return value
-        except client.ApiException as e:
-            last = f"API error {e.status}: {e.reason}"
-        if time.monotonic() > deadline:
-            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what} (last: {last})")
-        time.sleep(every)
+def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float) -> T:
+    """``e2e.waiting.wait_for`` for probes that read the API: an API error means "not yet" (an
+    object the API server has not caught up on answers 404) and is reported on timeout."""
+    return waiting.wait_for(what, probe, timeout=timeout, retry_on=(client.ApiException,))
 
 
 def load_manifests(directory: Path) -> list[dict[str, Any]]:

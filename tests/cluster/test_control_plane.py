@@ -17,8 +17,7 @@ import http.server
 import json
 import ssl
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,21 +25,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.cluster import Cluster
+from e2e.waiting import wait_for
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 NAMESPACE = "cp-tests"
-
-
-def wait_for(check: Callable[[], Any], *, what: str, timeout_s: float = 60.0) -> Any:
-    """Poll until ``check()`` returns something truthy; fail naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.2)
+WAIT_S = 60.0  # bounds a broken control plane only
 
 
 def api_message(exc: ApiException) -> str:
@@ -195,7 +184,9 @@ def test_pod_claim_is_created_allocated_and_pod_bound(
                 return str(entry.resource_claim_name)
         return None
 
-    name = wait_for(claim_name, what="the resourceclaim controller to create the pod's claim")
+    name = wait_for(
+        "the resourceclaim controller to create the pod's claim", claim_name, timeout=WAIT_S
+    )
     claim = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", name)
     assert [o["name"] for o in claim["metadata"]["ownerReferences"]] == ["gpu-pod"]
 
@@ -203,7 +194,9 @@ def test_pod_claim_is_created_allocated_and_pod_bound(
         got = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", name)
         return got.get("status", {}).get("allocation")  # type: ignore[no-any-return]
 
-    allocated = wait_for(allocation, what="the scheduler to allocate a device to the claim")
+    allocated = wait_for(
+        "the scheduler to allocate a device to the claim", allocation, timeout=WAIT_S
+    )
     (result,) = allocated["devices"]["results"]
     assert (result["driver"], result["pool"], result["request"]) == (
         driver,
@@ -213,8 +206,9 @@ def test_pod_claim_is_created_allocated_and_pod_bound(
     assert result["device"] in {"gpu-0", "gpu-1"}
 
     bound = wait_for(
+        "the scheduler to bind the pod",
         lambda: core.read_namespaced_pod("gpu-pod", NAMESPACE).spec.node_name,
-        what="the scheduler to bind the pod",
+        timeout=WAIT_S,
     )
     assert bound == node
     core.delete_namespaced_pod("gpu-pod", NAMESPACE, grace_period_seconds=0)
@@ -238,7 +232,7 @@ def _wait_denied(core: client.CoreV1Api, label: str, *, what: str) -> str:
             raise
         return None
 
-    return str(wait_for(denial, what=what, timeout_s=30))
+    return wait_for(what, denial, timeout=30)
 
 
 def test_validating_admission_policy_denies(api: client.ApiClient) -> None:

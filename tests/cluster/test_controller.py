@@ -38,7 +38,7 @@ import pytest
 from dra_gpu.controller import classes, registration
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient, connect
-from e2e import procs
+from e2e import procs, waiting
 from e2e.cluster import Cluster
 
 NS = "dra-gpu-controller-test"
@@ -69,20 +69,12 @@ classes:
 """
 
 T = TypeVar("T")
+WAIT_S = 60.0  # bounds a broken controller only
 
 
-def wait_for(check: Callable[[], T | None], *, what: str, timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = check()
-        except errors.ApiError:
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+def wait_for(check: Callable[[], T | None], *, what: str) -> T:
+    """Poll ``check``; an API error (a replica restarting, an outage) only means "not yet"."""
+    return waiting.wait_for(what, check, timeout=WAIT_S, retry_on=(errors.ApiError,))
 
 
 @dataclass

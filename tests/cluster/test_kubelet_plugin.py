@@ -36,7 +36,6 @@ from typing import Any
 
 import grpc
 import pytest
-import waiting
 
 from dra_gpu.pb import (
     dra_v1_pb2,
@@ -46,7 +45,7 @@ from dra_gpu.pb import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from e2e import procs
+from e2e import procs, waiting
 from e2e.cluster import Cluster
 
 DRIVER = "gpu.nvidia.com"

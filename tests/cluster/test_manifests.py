@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,13 +29,14 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e import helm
+from e2e import helm, waiting
 from e2e.cluster import Cluster
 
 DRIVER = "gpu.nvidia.com"
 POLICY_NS = "dra-gpu-policy"
 PLUGIN_SA = "dra-gpu-kubelet-plugin"
 WAIT_S = 60.0
+wait_for = functools.partial(waiting.wait_for, timeout=WAIT_S, every=0.5)  # probes run kubectl
 
 CERT_MANAGER_CRDS = [
     {
@@ -63,14 +64,6 @@ CERT_MANAGER_CRDS = [
     }
     for kind, plural in (("Certificate", "certificates"), ("Issuer", "issuers"))
 ]
-
-
-def _wait(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
 
 
 def _docs(text: str) -> list[dict[str, Any]]:
@@ -296,13 +289,13 @@ def as_node_a(
     node_a, _node_b = plugin_identity
     slices = SliceClient(cluster, _token(cluster, node=node_a))
     # RBAC and the policy take effect asynchronously: wait until both are in force.
-    _wait(
-        lambda: slices.create(_slice("policy-node-a"), dry_run=True)[0] == 200,
+    wait_for(
         "RBAC to let the plugin create slices",
+        lambda: slices.create(_slice("policy-node-a"), dry_run=True)[0] == 200,
     )
-    _wait(
-        lambda: slices.create(_slice("policy-node-b"), dry_run=True)[0] == 403,
+    wait_for(
         "the ValidatingAdmissionPolicy to refuse other nodes' slices",
+        lambda: slices.create(_slice("policy-node-b"), dry_run=True)[0] == 403,
     )
     yield slices
     slices.close()
@@ -413,7 +406,7 @@ def test_plugin_publishes_with_only_the_charts_permissions(
             return sum(len(s["spec"].get("devices", [])) for s in items) == 8
 
         try:
-            _wait(published, "the plugin to publish node A's 8 simulated GPUs")
+            wait_for("the plugin to publish node A's 8 simulated GPUs", published)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{plugin.log_tail()}") from None
         assert "403" not in plugin.log_tail(200), plugin.log_tail(200)
@@ -449,13 +442,13 @@ def test_controller_runs_with_only_the_charts_permissions(
             )
             return bool(out) and json.loads(out)["spec"].get("holderIdentity") == "chart-test"
 
-        _wait(lease_held, "the controller to take its Lease")
+        wait_for("the controller to take its Lease", lease_held)
 
         def classes_applied() -> bool:
             classes = json.loads(cluster.kubectl("get", "deviceclasses", "-o", "json"))["items"]
             return {"gpu.nvidia.com", "mig.nvidia.com"} <= {c["metadata"]["name"] for c in classes}
 
-        _wait(classes_applied, "the controller to create the DeviceClasses")
+        wait_for("the controller to create the DeviceClasses", classes_applied)
         assert "403" not in controller.log_tail(200), controller.log_tail(200)
     finally:
         controller.stop()

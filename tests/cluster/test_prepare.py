@@ -35,7 +35,6 @@ from typing import Any
 
 import grpc
 import pytest
-import waiting
 
 from dra_gpu.controller import classes
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
@@ -43,7 +42,7 @@ from dra_gpu.plugin import cdi
 from dra_gpu.plugin.cdi_validate import validate_spec
 from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
 from dra_gpu.plugin.state import FAULT_STEPS
-from e2e import cdi_validator, procs
+from e2e import cdi_validator, procs, waiting
 from e2e.cluster import Cluster
 
 DRIVER = "gpu.nvidia.com"

@@ -8,6 +8,7 @@ delays publishing without ending it; backoff grows and is capped.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,10 +17,12 @@ import pytest
 from fake_slice_store import FakeSliceStore
 
 from dra_gpu.plugin import publisher
+from e2e import waiting
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
 WAIT_S = 20.0  # only bounds a broken test; passing runs take milliseconds
+wait_for = functools.partial(waiting.wait_for, timeout=WAIT_S, every=0.01)
 
 
 def render_devices(*names: str, per_slice: int = 128) -> publisher.Renderer:
@@ -51,18 +54,6 @@ def make(store: FakeSliceStore, render: publisher.Renderer) -> publisher.Publish
     return publisher.Publisher(
         store=store, node=NODE, driver=DRIVER, render=render, resync_s=3600, max_backoff_s=0.05
     )
-
-
-def wait_until(condition: Callable[[], bool]) -> None:
-    done = threading.Event()
-    deadline = threading.Timer(WAIT_S, done.set)
-    deadline.start()
-    try:
-        while not condition():
-            if done.wait(0.01):
-                pytest.fail("condition not reached")
-    finally:
-        deadline.cancel()
 
 
 def pool(store: FakeSliceStore) -> list[tuple[int, list[str]]]:
@@ -108,31 +99,31 @@ def test_second_pass_writes_nothing() -> None:
 def test_deleted_slice_comes_back(running: Any) -> None:
     store = FakeSliceStore()
     pub = running(store, render_devices("gpu-0", "gpu-1"))
-    wait_until(lambda: pub.synced)
+    wait_for("the first sync", lambda: pub.synced)
     (name,) = store.slices
     store.delete_by_someone_else(name)
-    wait_until(lambda: len(store.slices) == 1)
+    wait_for("the slice back", lambda: len(store.slices) == 1)
     assert pool(store) == [(2, ["gpu-0", "gpu-1"])]
 
 
 def test_new_inventory_raises_generation_and_drops_surplus(running: Any) -> None:
     store = FakeSliceStore()
     pub = running(store, render_devices(*[f"gpu-{i}" for i in range(200)]))
-    wait_until(lambda: pub.synced and len(store.slices) == 2)
+    wait_for("two slices", lambda: pub.synced and len(store.slices) == 2)
     pub.set_inventory(render_devices("gpu-0", "gpu-1"))
-    wait_until(lambda: len(store.slices) == 1)
+    wait_for("the surplus slice gone", lambda: len(store.slices) == 1)
     assert pool(store) == [(2, ["gpu-0", "gpu-1"])]
 
 
 def test_api_outage_is_survived_and_pool_repaired(running: Any) -> None:
     store = FakeSliceStore()
     pub = running(store, render_devices("gpu-0"))
-    wait_until(lambda: pub.synced)
+    wait_for("the first sync", lambda: pub.synced)
     store.down = True
     store.slices.clear()  # e.g. the kubelet wiped them while we could not see it
-    wait_until(lambda: pub.api_outage)
+    wait_for("the outage noticed", lambda: pub.api_outage)
     store.down = False
-    wait_until(lambda: len(store.slices) == 1)
+    wait_for("the pool repaired", lambda: len(store.slices) == 1)
     assert pool(store) == [(2, ["gpu-0"])]
     assert pub.synced
 
@@ -141,10 +132,10 @@ def test_missing_node_delays_publishing(running: Any) -> None:
     store = FakeSliceStore()
     store.node_missing = True
     pub = running(store, render_devices("gpu-0"))
-    wait_until(lambda: store.node_lookups >= 3)
+    wait_for("three Node lookups", lambda: store.node_lookups >= 3)
     assert not pub.synced and not store.slices
     store.node_missing = False
-    wait_until(lambda: pub.synced)
+    wait_for("the sync once the Node exists", lambda: pub.synced)
     assert pool(store) == [(1, ["gpu-0"])]
 
 
