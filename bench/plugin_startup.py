@@ -93,16 +93,19 @@ class SliceWatch:
 
 
 def one_run(*, kubeconfig: Path, node: str, watcher: SliceWatch) -> tuple[float, float]:
+    from e2e.driver import PluginDirs, plugin_argv
+
     rv = watcher.clear()
     thread = watcher.start(rv)
     time.sleep(0.3)  # let the watch connect before the clock starts
     with tempfile.TemporaryDirectory(prefix="kpb-") as tmp:
-        argv = [
-            sys.executable, "-m", "dra_gpu", "kubelet-plugin", "--node-name", node,
-            "--simulate", "h200x8", "--kubeconfig", str(kubeconfig),
-            "--plugin-registry-dir", f"{tmp}/reg", "--plugin-data-dir", f"{tmp}/data",
-            "--cdi-root", f"{tmp}/cdi", "--log-level", "WARNING",
-        ]  # fmt: skip
+        argv = plugin_argv(
+            node_name=node,
+            kubeconfig=kubeconfig,
+            profile="h200x8",
+            dirs=PluginDirs.under(Path(tmp)),
+            extra=("--log-level", "WARNING"),
+        )
         started = time.monotonic()
         proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
         try:

@@ -44,12 +44,13 @@ import grpc  # noqa: E402
 
 from dra_gpu.controller import classes  # noqa: E402
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc  # noqa: E402
-from e2e import procs  # noqa: E402
+from e2e import procs, waiting  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
 
 DRIVER = "gpu.nvidia.com"
 CLAIMS = 64
 TARGET_P50_MS, TARGET_P99_MS, TARGET_RATE = 10.0, 50.0, 100.0
+WAIT_S = 180.0  # set-up steps (not timed) on a busy machine
 PROFILE = {
     "gpus": [
         {
@@ -64,17 +65,6 @@ PROFILE = {
 }
 
 
-def wait_for(what: str, probe: Any, timeout: float = 180.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.5)
-
-
 def healthy(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
@@ -86,45 +76,32 @@ def healthy(port: int) -> bool:
 @contextlib.contextmanager
 def servers(cluster: Cluster, node: str, root: Path, kind: str) -> Iterator[Path]:
     """The kubelet plugin (publishes the slices); yields the DRA socket to measure."""
+    from e2e.driver import PluginDirs, plugin_argv
+
     profile = root / "bench-mig.json"
     profile.write_text(json.dumps(PROFILE))
     (port,) = procs.free_ports(1)
-    common = [
-        "--node-name",
-        node,
-        "--simulate",
-        str(profile),
-        "--cdi-root",
-        str(root / "cdi"),
-        "--state-dir",
-        str(root / "state"),
-    ]
-    env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": str(cluster.kubeconfig)}
-    plugin = procs.spawn(
-        [
-            sys.executable,
-            "-m",
-            "dra_gpu",
-            "kubelet-plugin",
-            *common,
-            "--log-level",
-            "WARNING",
-            "--plugin-registry-dir",
-            str(root / "reg"),
-            "--plugin-data-dir",
-            str(root / "data"),
-            "--healthz-port",
-            str(port),
-        ],
-        log_path=root / "plugin.log",
-        env=env,
+    dirs = PluginDirs.under(root)
+    env = {"PATH": "/usr/bin:/bin"}
+    argv = plugin_argv(
+        node_name=node,
+        kubeconfig=cluster.kubeconfig,
+        profile=str(profile),
+        dirs=dirs,
+        healthz_port=port,
+        extra=("--log-level", "WARNING"),
     )
+    plugin = procs.spawn(argv, log_path=root / "plugin.log", env=env)
     started = [plugin]
-    try:
-        wait_for("the plugin", lambda: plugin.poll() is not None or healthy(port))
+
+    def plugin_healthy() -> bool:
         if plugin.poll() is not None:
             raise RuntimeError((root / "plugin.log").read_text()[-2000:])
-        socket = root / "data" / "dra.sock"
+        return healthy(port)
+
+    try:
+        waiting.wait_for("the plugin", plugin_healthy, timeout=WAIT_S)
+        socket = dirs.data / "dra.sock"
         if kind == "standalone":
             socket = root / "standalone.sock"
             started.append(
@@ -133,7 +110,8 @@ def servers(cluster: Cluster, node: str, root: Path, kind: str) -> Iterator[Path
                         sys.executable,
                         "-m",
                         "dra_gpu.plugin.dra_service",
-                        *common,
+                        *("--node-name", node, "--simulate", str(profile)),
+                        *("--cdi-root", str(dirs.cdi_root), "--state-dir", str(dirs.state)),
                         "--socket",
                         str(socket),
                         "--kubeconfig",
@@ -143,7 +121,7 @@ def servers(cluster: Cluster, node: str, root: Path, kind: str) -> Iterator[Path
                     env=env,
                 )
             )
-            wait_for("the standalone server", socket.exists)
+            waiting.wait_for("the standalone server", socket.exists, timeout=WAIT_S)
         yield socket
     finally:
         procs.stop_many(started)
@@ -185,7 +163,7 @@ def make_claims(cluster: Cluster, node: str) -> list[Any]:
             dra_v1_pb2.Claim(uid=c.metadata.uid, namespace=ns, name=c.metadata.name) for c in done
         ]
 
-    return list(wait_for(f"{CLAIMS} allocated claims", allocated))
+    return waiting.wait_for(f"{CLAIMS} allocated claims", allocated, timeout=WAIT_S)
 
 
 def call(stub: Any, method: str, claim: Any) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 from e2e import binaries, procs
 from e2e.cluster import Cluster
-from e2e.driver import ManagedProcess, PluginProcess, controller_process
+from e2e.driver import ManagedProcess, PluginProcess, controller_process, wait_published
 
 NODE_PROFILES = {"demo-h200": "h200x8", "demo-a100": "a100x4-mig"}
 # Simulated nodes carry the label GPU Feature Discovery puts on real GPU nodes.
@@ -105,6 +105,12 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+def _free_port() -> int:
+    """For the plugin's /healthz (``e2e.driver`` starts plugins with it off)."""
+    (port,) = procs.free_ports(1)
+    return port
+
+
 def real_nodes_wanted() -> str:
     mode = os.environ.get("DRA_GPU_DEMO_REAL_NODES", "auto").strip().lower()
     if mode not in ("auto", "yes", "no"):
@@ -112,13 +118,6 @@ def real_nodes_wanted() -> str:
     if mode == "auto" and (sys.platform != "linux" or os.geteuid() != 0):
         return "unavailable"
     return mode
-
-
-def _serve_healthz(plugin: PluginProcess) -> None:
-    """Serve the plugin's /healthz on a free port (``e2e.driver`` starts plugins with it off)."""
-    argv = plugin.argv
-    if "--healthz-port" in argv:
-        argv[argv.index("--healthz-port") + 1] = str(procs.free_ports(1)[0])
 
 
 class Environment:
@@ -164,7 +163,9 @@ class Environment:
             _say(f"[demo] real node {name} unavailable ({reason}); using simulated nodes")
             return False, f"real node unavailable: {reason}"
         self.nodes.append(node)
-        plugin = PluginProcess.for_node(node, kubeconfig=self.cluster.kubeconfig, profile=profile)
+        plugin = PluginProcess.for_node(
+            node, kubeconfig=self.cluster.kubeconfig, profile=profile, healthz_port=_free_port()
+        )
         self._add_plugin(name, profile, plugin, real=True, note="")
         return True, ""
 
@@ -176,13 +177,13 @@ class Environment:
             node_name=name,
             kubeconfig=self.cluster.kubeconfig,
             profile=profile,
+            healthz_port=_free_port(),
         )
         self._add_plugin(name, profile, plugin, real=False, note=note)
 
     def _add_plugin(
         self, name: str, profile: str, plugin: PluginProcess, *, real: bool, note: str
     ) -> None:
-        _serve_healthz(plugin)
         self.plugins[name] = plugin
         self.infos.append(
             NodeInfo(
@@ -198,30 +199,11 @@ class Environment:
         plugin.start()
 
     def _wait_published(self) -> None:
-        from e2e.suite.kube import Kube, wait_for
+        from e2e.suite.kube import Kube
 
-        kube = Kube(self.cluster.api_client())
         _say("[demo] waiting for the plugins to publish ResourceSlices")
-        for name, plugin in self.plugins.items():
-
-            def published(node: str = name, proc: PluginProcess = plugin) -> bool | None:
-                if not proc.alive:
-                    raise RuntimeError(f"the plugin of {node} exited:\n{proc.log_tail()}")
-                slices = kube.slices()
-                return True if any(s["spec"].get("nodeName") == node for s in slices) else None
-
-            wait_for(f"ResourceSlices of {name}", published, timeout=READY_TIMEOUT_S)
-        for cls in ("gpu.nvidia.com", "mig.nvidia.com"):
-            wait_for(
-                f"DeviceClass {cls} (made by the controller)",
-                lambda c=cls: (
-                    kube.custom.get_cluster_custom_object(
-                        "resource.k8s.io", "v1", "deviceclasses", c
-                    )
-                    or None
-                ),
-                timeout=READY_TIMEOUT_S,
-            )
+        kube = Kube(self.cluster.api_client())
+        wait_published(kube, self.plugins.values(), timeout=READY_TIMEOUT_S)
 
     def state(self) -> DemoState:
         assert self.controller is not None

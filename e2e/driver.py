@@ -18,12 +18,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from e2e import procs
+from e2e import procs, waiting
 from e2e.suite.kube import RESOURCE, Kube, wait_for
 
 if TYPE_CHECKING:
@@ -89,29 +89,59 @@ class PluginDirs:
     cdi_root: Path
     state: Path
 
+    @classmethod
+    def under(cls, root: Path) -> PluginDirs:
+        """Directories of a plugin no kubelet watches, all below ``root`` (keep it short: a unix
+        socket's path is limited to 107 bytes)."""
+        return cls(root / "registry", root / "data", root / "cdi", root / "state")
+
 
 def plugin_argv(
-    *, node_name: str, kubeconfig: Path, profile: str, dirs: PluginDirs, healthz_port: int = 0
+    *,
+    node_name: str,
+    kubeconfig: Path,
+    profile: str,
+    dirs: PluginDirs,
+    healthz_port: int = 0,
+    extra: Sequence[str] = (),
 ) -> list[str]:
+    """The kubelet plugin's command line on simulated GPUs; ``extra``: more flags (e.g.
+    ``--pod-uid``, ``--log-level``). Healthz port 0 turns /healthz off."""
     return [
         *(sys.executable, "-m", "dra_gpu", "kubelet-plugin"),
         *("--node-name", node_name, "--kubeconfig", str(kubeconfig), "--simulate", profile),
         *("--plugin-registry-dir", str(dirs.registry), "--plugin-data-dir", str(dirs.data)),
         *("--cdi-root", str(dirs.cdi_root), "--state-dir", str(dirs.state)),
         *("--healthz-port", str(healthz_port)),
+        *extra,
     ]
 
 
 class PluginProcess(ManagedProcess):
     def __init__(
-        self, *, node_name: str, kubeconfig: Path, profile: str, dirs: PluginDirs, log_path: Path
+        self,
+        *,
+        node_name: str,
+        kubeconfig: Path,
+        profile: str,
+        dirs: PluginDirs,
+        log_path: Path,
+        healthz_port: int = 0,
     ) -> None:
-        argv = plugin_argv(node_name=node_name, kubeconfig=kubeconfig, profile=profile, dirs=dirs)
+        argv = plugin_argv(
+            node_name=node_name,
+            kubeconfig=kubeconfig,
+            profile=profile,
+            dirs=dirs,
+            healthz_port=healthz_port,
+        )
         super().__init__(f"plugin[{node_name}]", argv, log_path, _python_env())
         self.node_name, self.profile, self.dirs = node_name, profile, dirs
 
     @classmethod
-    def for_node(cls, node: Node, *, kubeconfig: Path, profile: str) -> PluginProcess:
+    def for_node(
+        cls, node: Node, *, kubeconfig: Path, profile: str, healthz_port: int = 0
+    ) -> PluginProcess:
         """A plugin for a real node: the kubelet's registry/plugins dirs, containerd's CDI dir."""
         dirs = PluginDirs(
             registry=node.paths.plugin_registry_dir,
@@ -119,24 +149,28 @@ class PluginProcess(ManagedProcess):
             cdi_root=node.cdi_root,
             state=node.paths.root / "plugin-state",
         )
-        log = node.paths.logs / "plugin.log"
         return cls(
-            node_name=node.name, kubeconfig=kubeconfig, profile=profile, dirs=dirs, log_path=log
+            node_name=node.name,
+            kubeconfig=kubeconfig,
+            profile=profile,
+            dirs=dirs,
+            log_path=node.paths.logs / "plugin.log",
+            healthz_port=healthz_port,
         )
 
     @classmethod
     def simulated(
-        cls, workdir: Path, *, node_name: str, kubeconfig: Path, profile: str
+        cls, workdir: Path, *, node_name: str, kubeconfig: Path, profile: str, healthz_port: int = 0
     ) -> PluginProcess:
         """A plugin for a node without a kubelet: only its ResourceSlices are real."""
         root = workdir / node_name
-        dirs = PluginDirs(root / "registry", root / "data", root / "cdi", root / "state")
         return cls(
             node_name=node_name,
             kubeconfig=kubeconfig,
             profile=profile,
-            dirs=dirs,
+            dirs=PluginDirs.under(root),
             log_path=root / "plugin.log",
+            healthz_port=healthz_port,
         )
 
     def registrations(self) -> int:
@@ -147,13 +181,22 @@ class PluginProcess(ManagedProcess):
 
     def wait_registered(self, *, after: int = 0, timeout: float = 60.0) -> None:
         """Wait until the kubelet confirmed more than ``after`` registrations."""
-        deadline = time.monotonic() + timeout
-        while self.registrations() <= after:
-            if not self.alive:
-                raise RuntimeError(f"{self.name} exited:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the kubelet did not register {self.name}:\n{self.log_tail()}")
-            time.sleep(0.2)
+
+        def registered() -> bool:
+            if self.registrations() > after:
+                return True
+            self.check_alive()
+            return False
+
+        try:
+            waiting.wait_for(f"the kubelet to register {self.name}", registered, timeout=timeout)
+        except waiting.WaitTimeout as e:
+            raise waiting.WaitTimeout(f"{e}\n{self.log_tail()}") from None
+
+    def check_alive(self) -> None:
+        """Raise (with the log's tail) if the plugin has exited: a wait for it would be in vain."""
+        if not self.alive:
+            raise RuntimeError(f"{self.name} exited:\n{self.log_tail()}")
 
     def registered_socket(self) -> Path | None:
         """The registration socket the kubelet watches, once the plugin has created it."""
@@ -182,18 +225,25 @@ class Driver:
         DeviceClasses exist."""
         for plugin in self.plugins.values():
             plugin.wait_registered(timeout=timeout)
-        for node in self.plugins:
-            wait_for(f"ResourceSlices of {node}", _pool_published(kube, node), timeout=timeout)
-        for name in ("gpu.nvidia.com", "mig.nvidia.com"):
-            wait_for(f"DeviceClass {name}", _device_class(kube, name), timeout=timeout)
+        wait_published(kube, self.plugins.values(), timeout=timeout)
 
 
-def _pool_published(kube: Kube, node: str) -> Callable[[], bool | None]:
-    return lambda: True if any(s["spec"].get("nodeName") == node for s in kube.slices()) else None
+def wait_published(kube: Kube, plugins: Iterable[PluginProcess], *, timeout: float) -> None:
+    """Each plugin's node has ResourceSlices and the controller has made the DeviceClasses. A
+    plugin that exits ends the wait at once (with its log), rather than after ``timeout``."""
+    for plugin in plugins:
 
+        def published(plugin: PluginProcess = plugin) -> bool:
+            plugin.check_alive()
+            return any(s["spec"].get("nodeName") == plugin.node_name for s in kube.slices())
 
-def _device_class(kube: Kube, name: str) -> Callable[[], bool | None]:
+        wait_for(f"ResourceSlices of {plugin.node_name}", published, timeout=timeout)
     group, version = RESOURCE
-    return lambda: bool(
-        kube.custom.get_cluster_custom_object(group, version, "deviceclasses", name)
-    )
+    for name in ("gpu.nvidia.com", "mig.nvidia.com"):
+        wait_for(
+            f"DeviceClass {name} (made by the controller)",
+            lambda n=name: kube.custom.get_cluster_custom_object(
+                group, version, "deviceclasses", n
+            ),
+            timeout=timeout,
+        )

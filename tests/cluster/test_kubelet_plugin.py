@@ -23,7 +23,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -47,6 +46,7 @@ from dra_gpu.pb import (
 )
 from e2e import procs, waiting
 from e2e.cluster import Cluster
+from e2e.driver import PluginDirs, plugin_argv
 
 DRIVER = "gpu.nvidia.com"
 WAIT_S = 60.0  # bounds a broken test only
@@ -166,29 +166,15 @@ def start_plugin(cluster: Cluster, node: str, root: Path) -> Iterator[Callable[.
 
     def start(*, simulate: str = "h200x8", pod_uid: str | None = None) -> Plugin:
         (port,) = procs.free_ports(1)
-        argv = [
-            sys.executable,
-            "-m",
-            "dra_gpu",
-            "kubelet-plugin",
-            "--node-name",
-            node,
-            "--simulate",
-            simulate,
-            "--plugin-registry-dir",
-            str(root / "registry"),
-            "--plugin-data-dir",
-            str(root / "data"),
-            "--cdi-root",
-            str(root / "cdi"),
-            "--state-dir",
-            str(root / "state"),
-            "--healthz-port",
-            str(port),
-        ]
-        if pod_uid:
-            argv += ["--pod-uid", pod_uid]
-        env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": str(cluster.kubeconfig)}
+        argv = plugin_argv(
+            node_name=node,
+            kubeconfig=cluster.kubeconfig,
+            profile=simulate,
+            dirs=PluginDirs.under(root),
+            healthz_port=port,
+            extra=("--pod-uid", pod_uid) if pod_uid else (),
+        )
+        env = {"PATH": "/usr/bin:/bin"}
         log = root / f"plugin-{pod_uid or 'default'}.log"
         plugin = Plugin(node, root, procs.spawn(argv, log_path=log, env=env), port, pod_uid)
         started.append(plugin)
