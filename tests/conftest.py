@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `e2e` is not an installed package; make it importable
     sys.path.insert(0, str(ROOT))
 
+from collection_output import terminal_log  # noqa: E402
+
 from e2e import binaries, procs  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
 
@@ -64,14 +66,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         wanted += binaries.K8S_CGO  # the kubelet
     if not binaries.missing(wanted, binaries.Versions.from_env()):
         return
-    capture = session.config.pluginmanager.get_plugin("capturemanager")
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-
-    def log(line: str) -> None:
-        if reporter is not None:
-            reporter.write_line(line)
-
-    with capture.global_and_fixture_disabled():
+    with terminal_log(session) as log:
         log(f"building Kubernetes binaries (first run only): {', '.join(wanted)}")
         binaries.ensure(wanted, log=log)
 

@@ -7,6 +7,7 @@ and only when a selected test renders the chart, it is not counted against any t
 from __future__ import annotations
 
 import pytest
+from collection_output import terminal_log
 
 from e2e import helm
 
@@ -18,6 +19,5 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if not any(item.path.name in NEEDS_HELM for item in session.items):
         return
-    capture = session.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled():
+    with terminal_log(session):
         helm.ensure_helm()

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from collection_output import terminal_log
 
 from e2e import binaries, images, procs
 from e2e.cluster import Cluster
@@ -38,14 +39,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if not any(NODE_TIER in Path(str(item.path)).resolve().parents for item in session.items):
         return
-    capture = session.config.pluginmanager.get_plugin("capturemanager")
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-
-    def log(line: str) -> None:
-        if reporter is not None:
-            reporter.write_line(line)
-
-    with capture.global_and_fixture_disabled():
+    with terminal_log(session) as log:
         ensure_node_binaries()
         binaries.ensure(("kubelet",), log=log)
         images.ensure_images(binaries.cache_root() / "images-v1")
