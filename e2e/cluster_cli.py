@@ -16,19 +16,16 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from e2e import binaries, procs
+from e2e import binaries, procs, supervisor, waiting
 from e2e.cluster import Cluster
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+MODULE = "e2e.cluster"
 
 
 def state_dir() -> Path:
@@ -46,13 +43,7 @@ def _supervisor_log() -> Path:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    # Guard against pid reuse: it must still be our supervisor, and not a zombie.
-    return b"e2e.cluster" in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return supervisor.alive(pid, module=MODULE)
 
 
 def read_state() -> dict[str, Any] | None:
@@ -74,51 +65,25 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"a cluster is already running at {state['server']}", file=sys.stderr)
         print(_export_line(state))
         return 0
-    state_dir().mkdir(parents=True, exist_ok=True)
     _state_file().unlink(missing_ok=True)
     log = _supervisor_log()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "e2e.cluster", "_serve"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = supervisor.start(MODULE, log)
     start = time.monotonic()
-    with log.open() as follow:
-        while (state := read_state()) is None:
-            sys.stderr.write(follow.read())
-            if proc.poll() is not None:
-                sys.stderr.write(follow.read())
-                print(f"cluster failed to start (supervisor log: {log})", file=sys.stderr)
-                return 1
-            if time.monotonic() - start > args.timeout:
-                os.killpg(proc.pid, signal.SIGTERM)
-                print(f"cluster not ready after {args.timeout}s (log: {log})", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
-        sys.stderr.write(follow.read())
+    try:
+        state = supervisor.follow(proc, log, read_state, timeout=args.timeout)
+    except supervisor.SupervisorExited:
+        print(f"cluster failed to start (supervisor log: {log})", file=sys.stderr)
+        return 1
+    except waiting.WaitTimeout:
+        print(f"cluster not ready after {args.timeout}s (log: {log})", file=sys.stderr)
+        return 1
     print(f"cluster ready at {state['server']} in {time.monotonic() - start:.1f}s", file=sys.stderr)
     print(_export_line(state))
     return 0
 
 
 def cmd_serve(_: argparse.Namespace) -> int:
-    stop = threading.Event()
-    ready = False
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-        if not ready:  # interrupt up(): it tears down what it started
-            raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
+    signals = supervisor.StopSignals()  # until ready, a signal interrupts up(): it tears down
     cluster = Cluster(log=lambda line: print(line, flush=True))
     print(f"work directory: {cluster.workdir}", flush=True)
     try:
@@ -126,7 +91,7 @@ def cmd_serve(_: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"cluster failed to start: {exc}", flush=True)
         return 1
-    ready = True
+    signals.ready = True
     state = {
         "pid": os.getpid(),
         "workdir": str(cluster.workdir),
@@ -134,11 +99,9 @@ def cmd_serve(_: argparse.Namespace) -> int:
         "server": cluster.server,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    tmp = _state_file().with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    os.replace(tmp, _state_file())
+    supervisor.write_state(_state_file(), state)
     print(f"ready: {cluster.server}", flush=True)
-    stop.wait()
+    signals.stopped.wait()
     print("stopping", flush=True)
     cluster.down()
     _state_file().unlink(missing_ok=True)
@@ -153,13 +116,7 @@ def cmd_down(_: argparse.Namespace) -> int:
         return 0
     pid = int(state["pid"])
     if _alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        supervisor.stop(pid, running=lambda: _alive(pid), grace=30)
     for leftover, _cmd in procs.leftover_processes(state["workdir"]):
         with contextlib.suppress(ProcessLookupError):
             os.kill(leftover, signal.SIGKILL)

@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from e2e import demo_env, demo_view
+from e2e import demo_env, demo_view, supervisor
 from e2e.demo_env import DemoState, NodeInfo
 from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
 from e2e.suite.views import LogIncomplete, parse_report
@@ -59,36 +56,14 @@ def _err(text: str) -> None:
 
 def start_environment() -> DemoState:
     """Start the supervisor and follow its log until the environment is ready."""
-    demo_env.demo_dir().mkdir(parents=True, exist_ok=True)
     demo_env.state_file().unlink(missing_ok=True)
     log = demo_env.supervisor_log()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     started = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "e2e.demo", "_serve"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    with log.open() as follow:
-        try:
-            while (state := demo_env.read_state()) is None:
-                sys.stderr.write(follow.read())
-                if proc.poll() is not None:
-                    sys.stderr.write(follow.read())
-                    raise SystemExit(f"the demo environment failed to start (log: {log})")
-                time.sleep(0.3)
-        except KeyboardInterrupt:
-            # The supervisor runs in its own session: stop it too (it tears down what it started).
-            proc.terminate()
-            proc.wait()
-            raise
-        sys.stderr.write(follow.read())
+    proc = supervisor.start(demo_env.MODULE, log)
+    try:
+        state = supervisor.follow(proc, log, demo_env.read_state)
+    except supervisor.SupervisorExited:
+        raise SystemExit(f"the demo environment failed to start (log: {log})") from None
     _err(f"[demo] environment ready in {time.monotonic() - started:.0f} s")
     return state
 
@@ -98,13 +73,8 @@ def stop_environment() -> bool:
     state = demo_env.read_state()
     if state is None:
         return False
-    os.kill(state.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while demo_env.read_state() is not None or demo_env._alive(state.pid):
-        if time.monotonic() > deadline:
-            os.killpg(state.pid, signal.SIGKILL)
-            break
-        time.sleep(0.2)
+    pid = state.pid
+    supervisor.stop(pid, running=lambda: demo_env.read_state() is not None or demo_env.alive(pid))
     return True
 
 

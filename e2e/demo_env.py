@@ -24,15 +24,12 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import sys
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from e2e import binaries, procs
+from e2e import binaries, procs, supervisor
 from e2e.cluster import Cluster
 from e2e.driver import ManagedProcess, PluginProcess, controller_process, wait_published
 
@@ -41,6 +38,7 @@ NODE_PROFILES = {"demo-h200": "h200x8", "demo-a100": "a100x4-mig"}
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 REAL_NODE_LABEL = ("dra-gpu.test/real-node", "true")
 READY_TIMEOUT_S = 180.0
+MODULE = "e2e.demo"  # ``python -m e2e.demo _serve`` is the supervisor
 
 
 def demo_dir() -> Path:
@@ -82,14 +80,8 @@ class DemoState:
         return cls(nodes=nodes, **data)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # Guard against pid reuse: still our supervisor, and not a zombie.
-    return b"e2e.demo" in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
+def alive(pid: int) -> bool:
+    return supervisor.alive(pid, module=MODULE)
 
 
 def read_state() -> DemoState | None:
@@ -98,7 +90,7 @@ def read_state() -> DemoState | None:
         state = DemoState.from_json(json.loads(state_file().read_text()))
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    return state if _alive(state.pid) else None
+    return state if alive(state.pid) else None
 
 
 def _say(line: str) -> None:
@@ -230,27 +222,16 @@ class Environment:
 
 def serve() -> int:
     """The supervisor: bring everything up, publish the state, wait for SIGTERM, tear down."""
-    stop = threading.Event()
-    ready = False
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-        if not ready:  # interrupt start-up; the finally below tears down what started
-            raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
+    signals = supervisor.StopSignals()  # until ready, the finally below tears down what started
     workdir = demo_dir() / "env"
     shutil.rmtree(workdir, ignore_errors=True)
     env = Environment(workdir)
     try:
         env.up()
-        tmp = state_file().with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(env.state()), indent=2) + "\n")
-        os.replace(tmp, state_file())
-        ready = True
+        supervisor.write_state(state_file(), asdict(env.state()))
+        signals.ready = True
         _say("[demo] environment up")
-        stop.wait()
+        signals.stopped.wait()
         _say("[demo] stopping")
     except Exception as exc:
         _say(f"[demo] failed: {exc}")
