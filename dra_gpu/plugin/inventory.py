@@ -3,9 +3,15 @@
 - ``--simulate NAME`` uses a built-in simulated profile; ``--simulate PATH`` a profile file;
   otherwise NVML, loaded from under the driver root. Discovery errors of single GPUs are logged
   and those GPUs left out; they never stop the plugin.
-- A profile *file* is polled (``FileWatcher``, default every second) by its modification time,
-  size and inode, so a test or a demo can change the node's inventory while the plugin runs. A
-  file that no longer parses is reported and the last good inventory kept.
+- ``Watcher`` re-discovers periodically and tells a listener when the devices changed:
+  - a profile *file* every second, by its modification time, size and inode, so a test or a
+    demo can change the node's inventory while the plugin runs; a file that no longer parses is
+    reported and the last good inventory kept;
+  - NVML every ``--rediscover-interval`` (60 s by default), so an administrator's MIG change
+    and a GPU that stops answering reach the ResourceSlices without a restart. A change is
+    published only once two discoveries in a row agree, so one failed NVML call does not take
+    devices out and put them back a minute later. Single-GPU errors are logged when they start
+    and when they end, not on every pass.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from dra_gpu.devices import naming
@@ -45,11 +51,25 @@ def backend_for(
 
 
 def discover(backend: GpuBackend) -> list[Device]:
-    found = backend.discover()
-    for error in found.errors:
+    devices, errors = discover_with_errors(backend)
+    log_errors(errors)
+    return devices
+
+
+def log_errors(now: Iterable[str], before: Iterable[str] = ()) -> None:
+    """Log the GPU errors that are new since ``before``, and those that went away."""
+    now, before = frozenset(now), frozenset(before)
+    for error in sorted(now - before):
         log.error("GPU discovery: %s (left out of the published devices)", error)
+    for error in sorted(before - now):
+        log.warning("GPU discovery recovered from: %s", error)
+
+
+def discover_with_errors(backend: GpuBackend) -> tuple[list[Device], tuple[str, ...]]:
+    """The devices, and the errors of GPUs left out; raises InventoryError."""
+    found = backend.discover()
     try:
-        return naming.build_devices(found.gpus)
+        return naming.build_devices(found.gpus), tuple(str(e) for e in found.errors)
     except ValueError as err:
         raise InventoryError(f"cannot name the discovered devices: {err}") from err
 
@@ -73,17 +93,35 @@ def _signature(path: Path) -> tuple[int, int, int] | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-class FileWatcher:
-    """Re-discovers when the simulated profile file changes and tells the listener."""
+Poll = Callable[[], Sequence[Device] | None]
+
+
+class Watcher:
+    """Calls ``poll`` every ``interval_s`` and tells the listener when the devices changed.
+
+    ``poll`` returns the devices now, or None when there is nothing new to look at; it may
+    raise InventoryError (logged, the last inventory stays). ``confirm`` is how many polls in a
+    row must return the same new devices before the listener hears of them.
+    """
 
     def __init__(
-        self, *, path: Path, node_name: str, listener: Listener, interval_s: float = 1.0
+        self,
+        *,
+        poll: Poll,
+        listener: Listener,
+        current: Sequence[Device],
+        interval_s: float,
+        confirm: int = 1,
+        what: str,
     ) -> None:
-        self._path = path
-        self._node_name = node_name
+        self._poll = poll
         self._listener = listener
+        self._current = list(current)
         self._interval_s = interval_s
-        self._seen = _signature(path)
+        self._confirm = confirm
+        self.what = what
+        self._candidate: list[Device] | None = None
+        self._seen = 0
 
     def start(self, stop: threading.Event) -> threading.Thread:
         thread = threading.Thread(
@@ -94,15 +132,91 @@ class FileWatcher:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(self._interval_s):
-            signature = _signature(self._path)
-            if signature is None or signature == self._seen:
-                continue
-            self._seen = signature
-            try:
-                backend = backend_for(simulate=str(self._path), node_name=self._node_name)
-                devices = discover(backend)
-            except InventoryError as err:
-                log.error("simulated profile %s changed but cannot be used: %s", self._path, err)
-                continue
-            log.info("simulated profile %s changed: %d devices", self._path, len(devices))
-            self._listener(devices)
+            self.check()
+
+    def check(self) -> bool:
+        """One poll; True when the listener was told of new devices."""
+        try:
+            polled = self._poll()
+        except InventoryError as err:
+            log.error("%s cannot be used: %s", self.what, err)
+            return False
+        if polled is None:
+            return False
+        devices = list(polled)
+        if devices == self._current:
+            self._candidate, self._seen = None, 0
+            return False
+        if devices != self._candidate:
+            self._candidate, self._seen = devices, 0
+        self._seen += 1
+        if self._seen < self._confirm:
+            return False
+        log.info("%s changed: %d devices (were %d)", self.what, len(devices), len(self._current))
+        self._current, self._candidate, self._seen = devices, None, 0
+        self._listener(devices)
+        return True
+
+
+def file_poll(path: Path, node_name: str) -> Poll:
+    """Re-discovers from a simulated profile file when the file changed."""
+    seen = _signature(path)
+
+    def poll() -> Sequence[Device] | None:
+        nonlocal seen
+        signature = _signature(path)
+        if signature is None or signature == seen:
+            return None
+        seen = signature
+        return discover(backend_for(simulate=str(path), node_name=node_name))
+
+    return poll
+
+
+def backend_poll(backend: GpuBackend, *, reported: Sequence[str] = ()) -> Poll:
+    """Re-discovers through ``backend``; logs a GPU's error when it starts and when it ends.
+
+    ``reported``: the errors already logged (at start).
+    """
+    before = tuple(reported)
+
+    def poll() -> Sequence[Device]:
+        nonlocal before
+        devices, errors = discover_with_errors(backend)
+        log_errors(errors, before)
+        before = errors
+        return devices
+
+    return poll
+
+
+def watcher_for(
+    *,
+    simulate: str | None,
+    node_name: str,
+    backend: GpuBackend,
+    current: Sequence[Device],
+    errors: Sequence[str],
+    listener: Listener,
+    rediscover_interval_s: float | None,
+) -> Watcher | None:
+    """What keeps the inventory fresh: a profile file's watcher, NVML's, or none (built-in)."""
+    path = profile_file(simulate)
+    if path is not None:
+        return Watcher(
+            poll=file_poll(path, node_name),
+            listener=listener,
+            current=current,
+            interval_s=1.0,
+            what=f"simulated profile {path}",
+        )
+    if simulate is None and rediscover_interval_s:
+        return Watcher(
+            poll=backend_poll(backend, reported=errors),
+            listener=listener,
+            current=current,
+            interval_s=rediscover_interval_s,
+            confirm=2,
+            what="NVML inventory",
+        )
+    return None

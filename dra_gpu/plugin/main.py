@@ -92,19 +92,19 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     from dra_gpu.plugin import checkpoint, inventory, node_plugin, slice_api, sockets
 
     try:
-        devices = inventory.discover(
-            inventory.backend_for(
-                simulate=settings.simulate,
-                node_name=settings.node_name,
-                driver_root=settings.driver_root,
-            )
+        backend = inventory.backend_for(
+            simulate=settings.simulate,
+            node_name=settings.node_name,
+            driver_root=settings.driver_root,
         )
+        devices, discovery_errors = inventory.discover_with_errors(backend)
+        inventory.log_errors(discovery_errors)
         client = connect(settings.kubeconfig)
     except (inventory.InventoryError, errors.ApiError) as err:
         log.error("cannot start: %s", err)
         return 1
     store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
-    # Prepare looks devices up in the latest inventory (the profile file may change).
+    # Prepare looks devices up in the latest inventory (it may change while the plugin runs).
     current = {d.name: d for d in devices}
     registrar = dra_registrar(settings, client=client, inventory=lambda: current)
     plugin = node_plugin.NodePlugin(settings, store=store, devices=devices, register_dra=registrar)
@@ -123,11 +123,17 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     )
     try:
         plugin.start()
-        watched = inventory.profile_file(settings.simulate)
-        if watched is not None:
-            inventory.FileWatcher(
-                path=watched, node_name=settings.node_name, listener=set_devices
-            ).start(plugin.stop_event)
+        watcher = inventory.watcher_for(
+            simulate=settings.simulate,
+            node_name=settings.node_name,
+            backend=backend,
+            current=devices,
+            errors=discovery_errors,
+            listener=set_devices,
+            rediscover_interval_s=settings.rediscover_interval_s,
+        )
+        if watcher is not None:
+            watcher.start(plugin.stop_event)
         while not stop.wait(0.5):
             pass
     except (sockets.SocketError, OSError) as err:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,7 @@ DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 DEFAULT_HEALTHZ_ADDRESS = "127.0.0.1"
+DEFAULT_REDISCOVER_INTERVAL_S = 60.0
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _POD_UID = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]{0,62}$")
@@ -48,6 +50,7 @@ ENV_VARS: Mapping[str, str] = {
     "healthz_port": "HEALTHZ_PORT",
     "healthz_address": "HEALTHZ_ADDRESS",
     "log_level": "LOG_LEVEL",
+    "rediscover_interval": "REDISCOVER_INTERVAL",
 }
 
 
@@ -80,6 +83,8 @@ class Settings:
     healthz_port: int | None
     healthz_address: str
     log_level: str
+    # Seconds between NVML re-discoveries; None: discover at start only.
+    rediscover_interval_s: float | None = DEFAULT_REDISCOVER_INTERVAL_S
 
     @property
     def rolling_update(self) -> bool:
@@ -142,6 +147,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "0.0.0.0 for probes on the pod IP)",
     )
     add("--log-level", "log_level", "DEBUG, INFO, WARNING or ERROR (default INFO)")
+    add(
+        "--rediscover-interval",
+        "rediscover_interval",
+        "seconds between NVML re-discoveries, so MIG changes and lost GPUs reach the "
+        f"ResourceSlices without a restart (default {DEFAULT_REDISCOVER_INTERVAL_S:g}; 0: off)",
+        metavar="SECONDS",
+    )
 
 
 def _pick(values: Mapping[str, object], env: Mapping[str, str], dest: str) -> str | None:
@@ -169,6 +181,20 @@ def _port(raw: str | None) -> int | None:
     if not 0 <= port < 65536:
         raise SettingsError(f"healthz port must be in 0..65535 (0: off), got {port}")
     return port or None
+
+
+def _interval(raw: str | None) -> float | None:
+    if raw is None:
+        return DEFAULT_REDISCOVER_INTERVAL_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise SettingsError(
+            f"rediscover interval must be a number of seconds, got {raw!r}"
+        ) from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise SettingsError(f"rediscover interval must be >= 0 seconds (0: off), got {raw!r}")
+    return seconds or None
 
 
 def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Settings:
@@ -209,6 +235,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         healthz_port=_port(pick("healthz_port")),
         healthz_address=pick("healthz_address") or DEFAULT_HEALTHZ_ADDRESS,
         log_level=log_level,
+        rediscover_interval_s=_interval(pick("rediscover_interval")),
     )
     for path in dataclasses.astuple(socket_paths(settings)):
         if len(str(path).encode()) > sockets.MAX_PATH:

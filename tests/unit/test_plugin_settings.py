@@ -52,6 +52,12 @@ def test_healthz_port_zero_is_off() -> None:
     assert parse(["--node-name", "n", "--healthz-port", "0"]).healthz_port is None
 
 
+def test_rediscovery_every_minute_unless_turned_off() -> None:
+    assert parse(["--node-name", "n"]).rediscover_interval_s == 60.0
+    assert parse(["--node-name", "n"], {"REDISCOVER_INTERVAL": "2.5"}).rediscover_interval_s == 2.5
+    assert parse(["--node-name", "n", "--rediscover-interval", "0"]).rediscover_interval_s is None
+
+
 def test_flag_wins_over_environment() -> None:
     s = parse(["--node-name", "flag", "--driver-name", "x.example.com"], {"NODE_NAME": "env"})
     assert s.node_name == "flag"
@@ -72,6 +78,9 @@ N = {"NODE_NAME": "n"}
         pytest.param(["--cdi-root", "rel/dir"], N, "absolute path", id="relative"),
         pytest.param(["--log-level", "loud"], N, "log level", id="log-level"),
         pytest.param(["--plugin-data-dir", "/" + "d" * 110], N, "socket path", id="long-path"),
+        pytest.param(["--rediscover-interval", "1m"], N, "number of seconds", id="interval-nan"),
+        pytest.param([], {**N, "REDISCOVER_INTERVAL": "-5"}, ">= 0 seconds", id="interval-neg"),
+        pytest.param(["--rediscover-interval", "inf"], N, ">= 0 seconds", id="interval-inf"),
     ],
 )
 def test_invalid_settings_are_refused_with_a_clear_message(

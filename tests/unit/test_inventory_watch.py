@@ -1,0 +1,137 @@
+"""Re-discovery while the plugin runs (``dra_gpu.plugin.inventory.Watcher``).
+
+Cases: NVML-style watching publishes a change only after two discoveries in a row agree, so a
+GPU that fails one NVML pass is not taken out and put back; a lasting loss and a recovery are
+published; a GPU's discovery error is logged when it starts and when it ends, not every pass;
+an unusable discovery keeps the last inventory; a profile file is re-read only when it changed;
+which watcher a node gets (file, NVML, none).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from dra_gpu.devices import naming, simulated
+from dra_gpu.devices.model import Device, Discovery, DiscoveryError
+from dra_gpu.plugin import inventory
+
+GPUS = (
+    simulated.SimulatedBackend(profile=simulated.BUILTIN_PROFILES["h200x8"], node_name="n")
+    .discover()
+    .gpus
+)
+ALL = naming.build_devices(GPUS)
+
+
+class ScriptedBackend:
+    """Answers each discovery with the next scripted pass: how many GPUs answered."""
+
+    def __init__(self, *passes: int) -> None:
+        self.passes = list(passes)
+
+    def discover(self) -> Discovery:
+        answered = self.passes.pop(0)
+        errors = tuple(
+            DiscoveryError(index=i, message="GPU is lost") for i in range(answered, len(GPUS))
+        )
+        return Discovery(gpus=GPUS[:answered], errors=errors)
+
+
+class Heard:
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, devices: Sequence[Device]) -> None:
+        self.calls.append([d.name for d in devices])
+
+
+def nvml_watcher(backend: ScriptedBackend, heard: Heard) -> inventory.Watcher:
+    watcher = inventory.watcher_for(
+        simulate=None,
+        node_name="n",
+        backend=backend,
+        current=ALL,
+        errors=(),
+        listener=heard,
+        rediscover_interval_s=60.0,
+    )
+    assert watcher is not None
+    return watcher
+
+
+def test_one_failed_pass_does_not_take_a_gpu_out() -> None:
+    heard = Heard()
+    watcher = nvml_watcher(ScriptedBackend(7, 8, 7, 8), heard)
+    assert [watcher.check() for _ in range(4)] == [False] * 4
+    assert heard.calls == []
+
+
+def test_a_lasting_loss_and_the_recovery_are_published() -> None:
+    heard = Heard()
+    watcher = nvml_watcher(ScriptedBackend(7, 7, 7, 8, 8), heard)
+    assert [watcher.check() for _ in range(5)] == [False, True, False, False, True]
+    assert heard.calls == [[d.name for d in ALL[:7]], [d.name for d in ALL]]
+
+
+def test_a_gpu_error_is_logged_when_it_starts_and_when_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    watcher = nvml_watcher(ScriptedBackend(7, 7, 7, 8), Heard())
+    with caplog.at_level(logging.INFO, logger=inventory.__name__):
+        for _ in range(4):
+            watcher.check()
+    lost = [r for r in caplog.records if "GPU index 7: GPU is lost" in r.getMessage()]
+    assert [r.levelno for r in lost] == [logging.ERROR, logging.WARNING]
+    assert "recovered" in lost[1].getMessage()
+
+
+def test_an_unusable_discovery_keeps_the_last_inventory(caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> Sequence[Device]:
+        raise inventory.InventoryError("NVML library not found")
+
+    heard = Heard()
+    watcher = inventory.Watcher(
+        poll=broken, listener=heard, current=ALL, interval_s=1.0, what="NVML inventory"
+    )
+    assert watcher.check() is False
+    assert heard.calls == []
+    assert "NVML inventory cannot be used: NVML library not found" in caplog.text
+
+
+def test_a_profile_file_is_read_again_only_when_it_changed(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text("gpus:\n  - product: H200-141GB\n    count: 2\n")
+    poll = inventory.file_poll(path, "n")
+    assert poll() is None
+    path.write_text("gpus:\n  - product: H200-141GB\n    count: 3  # one more\n")
+    devices = poll()
+    assert devices is not None and [d.name for d in devices] == ["gpu-0", "gpu-1", "gpu-2"]
+    assert poll() is None
+
+
+@pytest.mark.parametrize(
+    ("simulate", "interval", "expected"),
+    [
+        (None, 60.0, "NVML inventory"),
+        (None, None, None),
+        ("h200x8", 60.0, None),
+    ],
+    ids=["nvml", "nvml-off", "built-in-profile"],
+)
+def test_which_watcher_a_node_gets(
+    simulate: str | None, interval: float | None, expected: str | None
+) -> None:
+    watcher = inventory.watcher_for(
+        simulate=simulate,
+        node_name="n",
+        backend=ScriptedBackend(),
+        current=ALL,
+        errors=(),
+        listener=Heard(),
+        rediscover_interval_s=interval,
+    )
+    assert (watcher and watcher.what) == expected
