@@ -8,8 +8,9 @@ Design:
   ``health_check_timeout_seconds`` without news and marks devices Unknown.
 - A stream holds one server thread for its life; it ends when the client goes away or the feed
   is closed at shutdown. Waits are short so a vanished client frees its thread soon.
-- Devices start HEALTHY when discovery reports them; there is no fault source yet (XID events
-  would feed ``HealthFeed.set`` later).
+- Devices start HEALTHY when discovery reports them. A device that re-discovery (see
+  ``inventory.Watcher``) no longer finds turns UNHEALTHY and stays listed until it is found
+  again. There is no finer fault source yet (XID events would feed ``HealthFeed.set``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dra_gpu.pb import (
 HEALTHY = "HEALTHY"
 UNHEALTHY = "UNHEALTHY"
 UNKNOWN = "UNKNOWN"
+GONE = "discovery no longer finds this device"
 TIMEOUT_S = 120
 
 
@@ -62,11 +64,27 @@ class HealthFeed:
         self._closed = False
 
     def set_devices(self, names: Sequence[str]) -> None:
-        """The published devices changed: keep known states, new devices start HEALTHY."""
+        """The discovered devices changed: new ones start HEALTHY, known ones keep their state.
+
+        A device discovery no longer finds (a GPU that stopped answering NVML) stays in the
+        list as UNHEALTHY: a pod may still hold it, and the kubelet shows its health in the
+        pod's status. It turns HEALTHY again when discovery finds it again.
+        """
         now = int(self._clock())
         with self._cond:
             old = self._devices
-            self._devices = {n: old.get(n) or DeviceState(HEALTHY, now) for n in names}
+            fresh: dict[str, DeviceState] = {}
+            for name in names:
+                state = old.get(name)
+                if state is None or state.message == GONE:
+                    state = DeviceState(HEALTHY, now)
+                fresh[name] = state
+            gone = {
+                name: state if state.message == GONE else DeviceState(UNHEALTHY, now, GONE)
+                for name, state in old.items()
+                if name not in fresh
+            }
+            self._devices = {**fresh, **gone}
             self._bump()
 
     def set(self, name: str, *, health: str, message: str = "") -> None:
