@@ -20,7 +20,6 @@ Invariants:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import socket
@@ -31,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from e2e import binaries, images, node_cleanup, procs
+from e2e import binaries, images, node_cleanup, procs, waiting
 from e2e.node_binaries import NodeBinaries, ensure_node_binaries
 from e2e.node_config import (
     KubeletPorts,
@@ -208,12 +207,14 @@ class Node:
         env = {**os.environ, "PATH": path}
         argv = [str(self.bins.containerd), "--config", str(self.paths.containerd_config)]
         self._spawn("containerd", argv, env)
-        deadline = time.monotonic() + 30
-        while self.ctr("version", check=False).returncode != 0:
+
+        def answers() -> bool:
+            if self.ctr("version", check=False).returncode == 0:
+                return True
             self._check_alive("containerd")
-            if time.monotonic() > deadline:
-                raise TimeoutError("containerd did not answer on its socket within 30s")
-            time.sleep(0.2)
+            return False
+
+        waiting.wait_for("containerd to answer on its socket", answers, timeout=30)
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this node's containerd, in the CRI (``k8s.io``) namespace."""
@@ -247,17 +248,20 @@ class Node:
         from kubernetes import client  # the harness may use the client; the driver's core not
 
         core = client.CoreV1Api(self.cluster.api_client())
-        while True:
+
+        def ready() -> bool:
             self._check_alive("containerd")
             self._check_alive("kubelet")
-            with contextlib.suppress(client.ApiException):
-                node = core.read_node(self.name)
-                for cond in node.status.conditions or []:
-                    if cond.type == "Ready" and cond.status == "True":
-                        return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"node {self.name} not Ready before the deadline")
-            time.sleep(0.5)
+            conditions = core.read_node(self.name).status.conditions or []
+            return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+        waiting.wait_for(
+            f"node {self.name} to be Ready",
+            ready,
+            timeout=max(0.0, deadline - time.monotonic()),
+            every=0.5,
+            retry_on=(client.ApiException,),
+        )
 
     def _check_alive(self, name: str) -> None:
         proc = self._procs.get(name)

@@ -11,17 +11,17 @@ Cases (each runs its own control plane, apart from the session's):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from e2e import binaries, procs
+from e2e import binaries, procs, waiting
 from e2e.cluster import Cluster, ClusterError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,9 +134,13 @@ def test_components_die_with_the_python_process(sig: signal.Signals) -> None:
         assert len(procs.leftover_processes(workdir)) == 4  # etcd + 3 Kubernetes components
         holder.send_signal(sig)
         holder.wait(timeout=30)
-        deadline = time.monotonic() + 15
-        while procs.leftover_processes(workdir) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        with contextlib.suppress(waiting.WaitTimeout):  # the assert below names what is left
+            waiting.wait_for(
+                "the components to exit",
+                lambda: not procs.leftover_processes(workdir),
+                timeout=15,
+                every=0.2,
+            )
         assert procs.leftover_processes(workdir) == []
     finally:
         holder.kill()
