@@ -298,25 +298,32 @@ class Cluster:
             )
         return proc.stdout
 
+    def server_dry_run(self, documents: str, *, field_manager: str) -> list[str]:
+        """Server-side apply of ``documents`` with dry-run: the API server validates and admits
+        each object (schema, CEL, admission) and stores nothing. Returns kubectl's line for each
+        object it accepted; raises ClusterError (kubectl's stderr) if one was refused."""
+        out = self.kubectl(
+            *("apply", "--server-side", "--dry-run=server", f"--field-manager={field_manager}"),
+            *("-f", "-"),
+            input=documents,
+        )
+        return [line for line in out.splitlines() if "serverside-applied" in line]
+
     def issue_client_cert(self, cn: str, orgs: Sequence[str] = ()) -> tuple[Path, Path]:
         """A client certificate (CN = user, O = groups) signed by the cluster CA: (cert, key)."""
-        stem = certs.safe_stem(cn)
-        out = certs.CertPair(
-            self.workdir / "pki" / "clients" / f"{stem}.crt",
-            self.workdir / "pki" / "clients" / f"{stem}.key",
-        )
+        out = self._issued_pair("clients", cn)
         certs.issue_client_cert(self.layout.pki.ca, out, cn=cn, orgs=orgs)
         return out.cert, out.key
 
     def issue_serving_cert(self, name: str, hosts: Sequence[str]) -> tuple[Path, Path]:
         """A TLS serving certificate for ``hosts`` (e.g. a webhook on 127.0.0.1): (cert, key)."""
-        stem = certs.safe_stem(name)
-        out = certs.CertPair(
-            self.workdir / "pki" / "serving" / f"{stem}.crt",
-            self.workdir / "pki" / "serving" / f"{stem}.key",
-        )
+        out = self._issued_pair("serving", name)
         certs.issue_serving_cert(self.layout.pki.ca, out, cn=name, hosts=hosts)
         return out.cert, out.key
+
+    def _issued_pair(self, kind: str, name: str) -> certs.CertPair:
+        directory, stem = self.workdir / "pki" / kind, certs.safe_stem(name)
+        return certs.CertPair(directory / f"{stem}.crt", directory / f"{stem}.key")
 
     def write_kubeconfig(self, path: Path, cert: Path, key: Path) -> Path:
         return kubeconfigs.write_kubeconfig(

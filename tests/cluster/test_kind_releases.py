@@ -63,14 +63,5 @@ def test_api_server_accepts_both_releases_side_by_side(cluster: Cluster) -> None
             helm.render(release=release, namespace=release, set_values=script_values(profile))
         )
     documents = "\n---\n".join(rendered)
-    out = cluster.kubectl(
-        "apply",
-        "--server-side",
-        "--dry-run=server",
-        "--field-manager=kind-e2e",
-        "-f",
-        "-",
-        input=documents,
-    )
-    applied = [line for line in out.splitlines() if "serverside-applied" in line]
-    assert len(applied) == len(_docs(documents)), out
+    applied = cluster.server_dry_run(documents, field_manager="kind-e2e")
+    assert len(applied) == len(_docs(documents)), applied

@@ -134,17 +134,8 @@ def test_api_server_accepts_every_rendered_object(
     rendered = helm.render(namespace=namespace, set_values={"namespace.create": True, **values})
     kinds = {doc["kind"] for doc in _docs(rendered)}
     assert {"DaemonSet", "Deployment", "ValidatingAdmissionPolicy"} <= kinds
-    out = cluster.kubectl(
-        "apply",
-        "--server-side",
-        "--dry-run=server",
-        "--field-manager=dra-gpu-test",
-        "-f",
-        "-",
-        input=rendered,
-    )
-    applied = [line for line in out.splitlines() if "serverside-applied" in line]
-    assert len(applied) == len(_docs(rendered)), out
+    applied = cluster.server_dry_run(rendered, field_manager="dra-gpu-test")
+    assert len(applied) == len(_docs(rendered)), applied
 
 
 def yaml_blocks(markdown: str) -> list[dict[str, Any]]:
