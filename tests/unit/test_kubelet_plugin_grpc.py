@@ -33,7 +33,7 @@ from dra_gpu.pb import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from dra_gpu.plugin import call_lock, grpc_health, inventory, node_plugin, sockets
+from dra_gpu.plugin import call_lock, device_health, grpc_health, inventory, node_plugin, sockets
 from dra_gpu.plugin import settings as plugin_settings
 
 NODE = "node-a"
@@ -216,7 +216,7 @@ def test_health_stream_lists_every_device_healthy(
     assert {d.health for d in first.devices} == {pb.HealthStatus.Value("HEALTHY")}
 
 
-def test_health_stream_sends_the_new_list_after_an_inventory_change(
+def test_health_stream_reports_devices_discovery_lost_as_unhealthy(
     start_plugin: Any, short_root: Path
 ) -> None:
     plugin = start_plugin()
@@ -229,7 +229,16 @@ def test_health_stream_sends_the_new_list_after_an_inventory_change(
         plugin.set_devices(devices[:3])
         second = next(stream)
         stream.cancel()
-    assert sorted(d.device.device_name for d in second.devices) == ["gpu-0", "gpu-1", "gpu-2"]
+    health = {d.device.device_name: (d.health, d.message) for d in second.devices}
+    healthy = (health_v1_pb2.HealthStatus.Value("HEALTHY"), "")
+    assert {name: health[name] for name in ("gpu-0", "gpu-1", "gpu-2")} == dict.fromkeys(
+        ("gpu-0", "gpu-1", "gpu-2"), healthy
+    )
+    # The devices discovery lost may still be in use: the kubelet hears they are unhealthy.
+    lost = (health_v1_pb2.HealthStatus.Value("UNHEALTHY"), device_health.GONE)
+    assert {n: h for n, h in health.items() if h != healthy} == {
+        f"gpu-{i}": lost for i in range(3, 8)
+    }
 
 
 def test_grpc_health_check_serves_once_published(start_plugin: Any, short_root: Path) -> None:
