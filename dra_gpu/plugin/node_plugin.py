@@ -18,7 +18,10 @@ the driver is left for 30 s.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
@@ -36,6 +39,7 @@ from dra_gpu.plugin import (
     healthz,
     publisher,
     registration,
+    slice_plan,
     sockets,
 )
 from dra_gpu.plugin.settings import Settings, socket_paths
@@ -61,6 +65,12 @@ def renderer(settings: Settings, devices: Sequence[Device]) -> publisher.Rendere
     return render
 
 
+def this_instance(settings: Settings) -> slice_plan.Instance:
+    """This process as a publisher: its start time, and its pod UID (else host and PID)."""
+    name = settings.pod_uid or f"{socket.gethostname()}-{os.getpid()}"
+    return slice_plan.Instance(started_ns=time.time_ns(), name=name)
+
+
 class NodePlugin:
     def __init__(
         self,
@@ -69,6 +79,7 @@ class NodePlugin:
         store: publisher.SliceStore,
         devices: Sequence[Device],
         register_dra: DraRegistrar,
+        instance: slice_plan.Instance | None = None,
     ) -> None:
         self._settings = settings
         self._paths = socket_paths(settings)
@@ -81,6 +92,7 @@ class NodePlugin:
             node=settings.node_name,
             driver=settings.driver_name,
             render=renderer(settings, devices),
+            instance=instance or this_instance(settings),
         )
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None

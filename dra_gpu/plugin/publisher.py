@@ -11,6 +11,8 @@ Design:
   An outage is logged once when it starts and once when it ends, not on every attempt.
 - ``synced`` turns true after the first successful reconcile and stays true, so a liveness
   probe on it does not restart the plugin while the API server is away.
+- In a rolling update the older instance stands by while a newer one's slices exist (see
+  ``slice_plan``): standing by is a successful reconcile that writes nothing.
 
 The store (``SliceStore``) is the only I/O; it is bound to one node and driver.
 """
@@ -66,6 +68,7 @@ class Publisher:
         render: Renderer,
         resync_s: float = 60.0,
         max_backoff_s: float = 5.0,
+        instance: slice_plan.Instance | None = None,
     ) -> None:
         self._store = store
         self._node = node
@@ -78,6 +81,8 @@ class Publisher:
         self._generation = 0
         self._synced = threading.Event()
         self._outage = False
+        self._instance = instance
+        self._standby_for: slice_plan.Instance | None = None
 
     @property
     def synced(self) -> bool:
@@ -123,7 +128,18 @@ class Publisher:
             node=self._node,
             driver=self._driver,
             last_generation=self._generation,
+            instance=self._instance,
         )
+        if plan.standby_for != self._standby_for:
+            if plan.standby_for is not None:
+                log.info(
+                    "pool %s is published by instance %s, started after this one; standing by",
+                    self._node,
+                    plan.standby_for,
+                )
+            else:
+                log.info("pool %s: no newer instance publishes it; publishing", self._node)
+            self._standby_for = plan.standby_for
         for body in plan.creates:
             self._store.create_slice(body)
         for body in plan.updates:

@@ -12,6 +12,11 @@ Invariants the plan keeps:
   only the highest generation of a pool, never mix old and new content.
 - Slices of our node and driver that the desired state does not name are deleted, whatever
   their pool (leftovers of an earlier run, a renamed node, a smaller inventory).
+- Two instances on one node (a rolling update, possibly of different versions that publish
+  different content) must not take turns overwriting each other's slices. Each slice names the
+  instance that wrote it and when that instance started (annotation ``<driver>/publisher``);
+  an instance that finds a slice of its pool written by an instance started later stands by
+  and writes nothing. The kubelet, too, sends calls to the newest instance.
 - "Up to date" is decided by a content hash that the publisher writes as an annotation, plus a
   structural check of what a hand edit could break (pool, node, device names). Comparing the
   whole spec would loop forever, since the API server canonicalizes quantities ("1024Mi" ->
@@ -32,6 +37,25 @@ from dra_gpu import slices
 JSON = dict[str, Any]
 
 HASH_ANNOTATION = "content-hash"
+PUBLISHER_ANNOTATION = "publisher"
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Instance:
+    """One running plugin process: ordered by start time, then name (a deterministic tie)."""
+
+    started_ns: int
+    name: str  # the pod UID, or host and PID outside a pod
+
+    def __str__(self) -> str:
+        return f"{self.started_ns}/{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> Instance | None:
+        started, sep, name = text.partition("/")
+        if not sep or not started.isdigit():
+            return None
+        return cls(int(started), name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +68,7 @@ class Existing:
     pool: str
     generation: int
     body: Mapping[str, Any]
+    publisher: Instance | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +77,7 @@ class Plan:
     creates: tuple[JSON, ...] = ()
     updates: tuple[JSON, ...] = ()
     deletes: tuple[Existing, ...] = ()
+    standby_for: Instance | None = None  # a newer instance publishes the pool: write nothing
 
     @property
     def is_empty(self) -> bool:
@@ -62,6 +88,10 @@ def hash_annotation_key(driver: str) -> str:
     return f"{driver}/{HASH_ANNOTATION}"
 
 
+def publisher_annotation_key(driver: str) -> str:
+    return f"{driver}/{PUBLISHER_ANNOTATION}"
+
+
 def parse_existing(item: Mapping[str, Any]) -> Existing:
     """Existing slice from API JSON; missing fields become empty values, never exceptions."""
     meta = item.get("metadata") or {}
@@ -70,6 +100,8 @@ def parse_existing(item: Mapping[str, Any]) -> Existing:
         generation = int(pool.get("generation") or 0)
     except (TypeError, ValueError):
         generation = 0
+    driver = str((item.get("spec") or {}).get("driver", ""))
+    written_by = (meta.get("annotations") or {}).get(publisher_annotation_key(driver))
     return Existing(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
@@ -77,6 +109,7 @@ def parse_existing(item: Mapping[str, Any]) -> Existing:
         pool=str(pool.get("name", "")),
         generation=generation,
         body=item,
+        publisher=Instance.parse(written_by) if isinstance(written_by, str) else None,
     )
 
 
@@ -92,8 +125,16 @@ def content_hash(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def stamp(body: Mapping[str, Any], *, name: str, pool: str, generation: int, count: int) -> JSON:
-    """A desired slice with its name, pool fields and content hash filled in (a copy)."""
+def stamp(
+    body: Mapping[str, Any],
+    *,
+    name: str,
+    pool: str,
+    generation: int,
+    count: int,
+    publisher: Instance | None = None,
+) -> JSON:
+    """A desired slice with its name, pool fields, content hash and writer filled in (a copy)."""
     out: JSON = copy.deepcopy(dict(body))
     meta: JSON = out.setdefault("metadata", {})
     meta.pop("generateName", None)
@@ -101,7 +142,11 @@ def stamp(body: Mapping[str, Any], *, name: str, pool: str, generation: int, cou
     spec: JSON = out.setdefault("spec", {})
     spec["pool"] = {"name": pool, "generation": generation, "resourceSliceCount": count}
     annotations: JSON = meta.setdefault("annotations", {})
-    annotations[hash_annotation_key(str(spec.get("driver", "")))] = content_hash(out)
+    driver = str(spec.get("driver", ""))
+    annotations[hash_annotation_key(driver)] = content_hash(out)
+    if publisher is not None:
+        # Not part of the hash: instances that agree on the content have nothing to write.
+        annotations[publisher_annotation_key(driver)] = str(publisher)
     return out
 
 
@@ -149,6 +194,7 @@ def plan(
     node: str,
     driver: str,
     last_generation: int,
+    instance: Instance | None = None,
 ) -> Plan:
     """What to write so that the node's pool (named after the node) is exactly ``desired``.
 
@@ -156,9 +202,18 @@ def plan(
     ``spec.pool`` are overwritten here. ``existing``: the slices the API server lists for this
     node and driver. ``last_generation``: the highest generation this process published (0 if
     none), so that a pool wiped by someone else comes back with a higher generation.
+    ``instance``: this process, written into each slice; None leaves instances out of it.
     """
     current = [parse_existing(item) for item in existing]
     seen = max([last_generation, *(e.generation for e in current if e.pool == node)])
+    if instance is not None:
+        newer = [
+            e.publisher
+            for e in current
+            if e.pool == node and e.publisher is not None and e.publisher > instance
+        ]
+        if newer:
+            return Plan(seen, standby_for=max(newer))
 
     def stamped(generation: int) -> list[JSON]:
         return [
@@ -169,6 +224,7 @@ def plan(
                 pool=node,
                 generation=generation,
                 count=len(desired),
+                publisher=instance,
             )
             for i, body in enumerate(desired)
         ]

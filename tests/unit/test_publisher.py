@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fake_slice_store import FakeSliceStore
 
-from dra_gpu.plugin import publisher
+from dra_gpu.plugin import publisher, slice_plan
 from e2e import waiting
 
 NODE = "node-a"
@@ -50,9 +50,19 @@ def render_devices(*names: str, per_slice: int = 128) -> publisher.Renderer:
     return render
 
 
-def make(store: FakeSliceStore, render: publisher.Renderer) -> publisher.Publisher:
+def make(
+    store: FakeSliceStore,
+    render: publisher.Renderer,
+    instance: slice_plan.Instance | None = None,
+) -> publisher.Publisher:
     return publisher.Publisher(
-        store=store, node=NODE, driver=DRIVER, render=render, resync_s=3600, max_backoff_s=0.05
+        store=store,
+        node=NODE,
+        driver=DRIVER,
+        render=render,
+        resync_s=3600,
+        max_backoff_s=0.05,
+        instance=instance,
     )
 
 
@@ -68,8 +78,12 @@ def running() -> Iterator[Callable[[FakeSliceStore, publisher.Renderer], publish
     stop = threading.Event()
     threads: list[threading.Thread] = []
 
-    def start(store: FakeSliceStore, render: publisher.Renderer) -> publisher.Publisher:
-        pub = make(store, render)
+    def start(
+        store: FakeSliceStore,
+        render: publisher.Renderer,
+        instance: slice_plan.Instance | None = None,
+    ) -> publisher.Publisher:
+        pub = make(store, render, instance)
         threads.extend(pub.start(stop))
         return pub
 
@@ -146,3 +160,21 @@ def test_missing_node_delays_publishing(running: Any) -> None:
 )
 def test_backoff(failures: int, expected: float) -> None:
     assert publisher.backoff_delay(failures) == pytest.approx(expected)
+
+
+def test_two_instances_with_different_inventories_do_not_fight(running: Any) -> None:
+    # A rolling update from a version that publishes other devices: the newer instance's slices
+    # stay, the older one stands by instead of writing them back at every watch event.
+    store = FakeSliceStore()
+    old = running(store, render_devices("gpu-0"), slice_plan.Instance(1, "pod-old"))
+    wait_for("the old instance's pool", lambda: old.synced)
+    new = running(store, render_devices("gpu-0", "gpu-1"), slice_plan.Instance(2, "pod-new"))
+    wait_for(
+        "the new instance's pool", lambda: new.synced and pool(store) == [(2, ["gpu-0", "gpu-1"])]
+    )
+    writes = store.writes
+    old.set_inventory(render_devices("gpu-0", "gpu-9"))  # wakes the old instance up
+    new.set_inventory(render_devices("gpu-0", "gpu-1"))
+    threading.Event().wait(0.5)
+    assert store.writes == writes
+    assert pool(store) == [(2, ["gpu-0", "gpu-1"])]

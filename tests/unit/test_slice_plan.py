@@ -152,3 +152,47 @@ def test_empty_inventory_deletes_every_slice() -> None:
 def test_parse_existing_tolerates_missing_fields() -> None:
     parsed = slice_plan.parse_existing({"metadata": {"name": "x"}, "spec": {"pool": {}}})
     assert (parsed.name, parsed.generation, parsed.pool) == ("x", 0, "")
+
+
+OLD = slice_plan.Instance(started_ns=1_000, name="pod-old")
+NEW = slice_plan.Instance(started_ns=2_000, name="pod-new")
+
+
+def plan_as(instance: slice_plan.Instance, desired: list[dict[str, Any]], existing: Any) -> Any:
+    return slice_plan.plan(
+        desired=desired,
+        existing=existing,
+        node=NODE,
+        driver=DRIVER,
+        last_generation=0,
+        instance=instance,
+    )
+
+
+def written_by(instance: slice_plan.Instance, *devices: str) -> list[dict[str, Any]]:
+    first = plan_as(instance, [body(*devices)], [])
+    return [as_stored(b, i) for i, b in enumerate(first.creates)]
+
+
+def test_newer_instance_takes_over_a_pool_an_older_one_wrote() -> None:
+    p = plan_as(NEW, [body("gpu-0", "gpu-1")], written_by(OLD, "gpu-0"))
+    assert p.standby_for is None
+    (update,) = p.updates
+    assert update["metadata"]["annotations"][f"{DRIVER}/publisher"] == "2000/pod-new"
+    assert update["spec"]["pool"]["generation"] == 2
+
+
+def test_older_instance_stands_by_while_a_newer_one_publishes() -> None:
+    # A rolling update between versions that publish different content must not ping-pong.
+    p = plan_as(OLD, [body("gpu-0")], written_by(NEW, "gpu-0", "gpu-1"))
+    assert p.standby_for == NEW
+    assert p.is_empty
+
+
+def test_same_content_from_another_instance_needs_no_write() -> None:
+    assert plan_as(NEW, [body("gpu-0")], written_by(OLD, "gpu-0")).is_empty
+
+
+@pytest.mark.parametrize("text", ["", "pod", "x/pod", "/pod"])
+def test_unreadable_publisher_annotation_is_no_instance(text: str) -> None:
+    assert slice_plan.Instance.parse(text) is None
