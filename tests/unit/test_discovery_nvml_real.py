@@ -8,26 +8,23 @@ exercise what real nodes publish); full GPUs match the real facts NVML gives dir
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import real_nvml
 
 from dra_gpu.devices import naming, simulated
 from dra_gpu.devices.model import Device, Version
 from dra_gpu.devices.nvml import NvmlBackend
+from dra_gpu.plugin import inventory
 
 pytestmark = pytest.mark.nvml
 
 
 @pytest.fixture(scope="module")
-def pynvml_ready() -> Any:
-    pynvml = pytest.importorskip("pynvml")
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        pytest.skip(f"NVML not usable here: {e}")
-    yield pynvml
-    pynvml.nvmlShutdown()
+def pynvml_ready() -> Iterator[Any]:
+    yield from real_nvml.initialized()
 
 
 def shape(d: Device) -> dict[str, type]:
@@ -70,3 +67,21 @@ def test_full_gpus_match_nvml(pynvml_ready: Any) -> None:
             major, minor = gpu.cuda_compute_capability
             assert dev.attributes["cudaComputeCapability"] == Version(major, minor, 0)
             assert dev.capacity["memory"] == gpu.memory_bytes
+
+
+def test_rediscovery_of_unchanged_gpus_is_no_change(pynvml_ready: Any) -> None:
+    # The plugin re-discovers every minute and republishes on any difference: nothing volatile
+    # (temperatures, memory in use, clocks) may reach the devices.
+    backend = NvmlBackend()
+    first = naming.build_devices(backend.discover().gpus)
+    heard: list[int] = []
+    watcher = inventory.Watcher(
+        poll=inventory.backend_poll(backend),
+        listener=lambda devices: heard.append(len(devices)),
+        current=first,
+        interval_s=60.0,
+        confirm=2,
+        what="NVML inventory",
+    )
+    assert [watcher.check() for _ in range(3)] == [False, False, False]
+    assert heard == []

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import real_nvml
 from fake_claims import DRIVER, NODE, FakeFetcher, claim, result
 
 from dra_gpu.devices import naming
@@ -33,14 +35,8 @@ DRIVER_ROOTS = (Path("/"), Path("/usr/local/nvidia"), Path("/run/nvidia/driver")
 
 
 @pytest.fixture(scope="module")
-def nvml_ready() -> Any:
-    pynvml = pytest.importorskip("pynvml")
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        pytest.skip(f"NVML not usable here: {e}")
-    yield pynvml
-    pynvml.nvmlShutdown()
+def nvml_ready() -> Iterator[Any]:
+    yield from real_nvml.initialized()
 
 
 def driver_root() -> Path:
