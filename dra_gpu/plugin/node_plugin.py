@@ -17,6 +17,7 @@ the driver is left for 30 s.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -42,7 +43,7 @@ from dra_gpu.plugin import (
     slice_plan,
     sockets,
 )
-from dra_gpu.plugin.settings import Settings, socket_paths
+from dra_gpu.plugin.settings import POD_UID_PATTERN, Settings, socket_paths
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class NodePlugin:
             driver=settings.driver_name,
             render=renderer(settings, devices),
             instance=instance or this_instance(settings),
+            alive=self._instance_alive,
         )
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None
@@ -102,6 +104,16 @@ class NodePlugin:
     @property
     def stop_event(self) -> threading.Event:
         return self._stop
+
+    def _instance_alive(self, other: slice_plan.Instance) -> bool:
+        """Whether another instance of this driver on this node still serves its registration
+        socket (only rolling-update instances, named by pod UID, have one of their own)."""
+        if other.name == self._settings.pod_uid:
+            return True
+        if not POD_UID_PATTERN.match(other.name):
+            return False  # a name no socket of ours can carry
+        path = socket_paths(dataclasses.replace(self._settings, pod_uid=other.name)).registration
+        return sockets.accepts(path)
 
     def set_devices(self, devices: Sequence[Device]) -> None:
         """A new inventory: publish it and report its devices' health."""

@@ -69,6 +69,7 @@ class Publisher:
         resync_s: float = 60.0,
         max_backoff_s: float = 5.0,
         instance: slice_plan.Instance | None = None,
+        alive: Callable[[slice_plan.Instance], bool] = lambda other: True,
     ) -> None:
         self._store = store
         self._node = node
@@ -82,6 +83,7 @@ class Publisher:
         self._synced = threading.Event()
         self._outage = False
         self._instance = instance
+        self._alive = alive
         self._standby_for: slice_plan.Instance | None = None
 
     @property
@@ -129,6 +131,7 @@ class Publisher:
             driver=self._driver,
             last_generation=self._generation,
             instance=self._instance,
+            alive=self._alive,
         )
         if plan.standby_for != self._standby_for:
             if plan.standby_for is not None:

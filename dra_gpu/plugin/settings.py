@@ -32,7 +32,7 @@ DEFAULT_HEALTHZ_ADDRESS = "127.0.0.1"
 DEFAULT_REDISCOVER_INTERVAL_S = 60.0
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_POD_UID = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]{0,62}$")
+POD_UID_PATTERN = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]{0,62}$")
 
 # (flag dest, environment variable). The flags' defaults are None so that "not given" is visible.
 ENV_VARS: Mapping[str, str] = {
@@ -210,7 +210,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     if len(driver) > 63 or not _DNS_SUBDOMAIN.match(driver):
         raise SettingsError(f"driver name must be a DNS subdomain of at most 63, got {driver!r}")
     pod_uid = pick("pod_uid")
-    if pod_uid is not None and not _POD_UID.match(pod_uid):
+    if pod_uid is not None and not POD_UID_PATTERN.match(pod_uid):
         raise SettingsError(f"pod UID may hold only letters, digits and '-', got {pod_uid!r}")
     kubeconfig = pick("kubeconfig")
     data_dir = _absolute(pick("plugin_data_dir"), DEFAULT_PLUGINS_DIR / driver, "plugin data dir")

@@ -15,8 +15,10 @@ Invariants the plan keeps:
 - Two instances on one node (a rolling update, possibly of different versions that publish
   different content) must not take turns overwriting each other's slices. Each slice names the
   instance that wrote it and when that instance started (annotation ``<driver>/publisher``);
-  an instance that finds a slice of its pool written by an instance started later stands by
-  and writes nothing. The kubelet, too, sends calls to the newest instance.
+  an instance that finds a slice of its pool written by an instance started later, and still
+  alive (the caller decides how to tell; the plugin connects to its registration socket),
+  stands by and writes nothing. The kubelet, too, sends calls to the newest instance. A dead
+  writer is ignored, so a clock set back or a crashed instance cannot silence the pool.
 - "Up to date" is decided by a content hash that the publisher writes as an annotation, plus a
   structural check of what a hand edit could break (pool, node, device names). Comparing the
   whole spec would loop forever, since the API server canonicalizes quantities ("1024Mi" ->
@@ -29,7 +31,7 @@ import copy
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dra_gpu import slices
@@ -195,6 +197,7 @@ def plan(
     driver: str,
     last_generation: int,
     instance: Instance | None = None,
+    alive: Callable[[Instance], bool] = lambda other: True,
 ) -> Plan:
     """What to write so that the node's pool (named after the node) is exactly ``desired``.
 
@@ -203,6 +206,7 @@ def plan(
     node and driver. ``last_generation``: the highest generation this process published (0 if
     none), so that a pool wiped by someone else comes back with a higher generation.
     ``instance``: this process, written into each slice; None leaves instances out of it.
+    ``alive``: whether another instance still runs (only a live newer one makes us stand by).
     """
     current = [parse_existing(item) for item in existing]
     seen = max([last_generation, *(e.generation for e in current if e.pool == node)])
@@ -212,6 +216,7 @@ def plan(
             for e in current
             if e.pool == node and e.publisher is not None and e.publisher > instance
         ]
+        newer = [other for other in set(newer) if alive(other)]
         if newer:
             return Plan(seen, standby_for=max(newer))
 

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -92,6 +93,19 @@ def publish(temporary: Path, final: Path) -> None:
         raise SocketError(f"cannot move socket to {final}: {err}") from err
     finally:
         shutil.rmtree(temporary.parent, ignore_errors=True)
+
+
+def accepts(path: Path, timeout_s: float = 1.0) -> bool:
+    """Whether something listens on the unix socket ``path`` (a stale file does not)."""
+    if not path.is_socket() or len(str(path).encode()) > MAX_PATH:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(timeout_s)
+        try:
+            client.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def remove(path: Path) -> None:

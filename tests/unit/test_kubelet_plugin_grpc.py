@@ -33,7 +33,15 @@ from dra_gpu.pb import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from dra_gpu.plugin import call_lock, device_health, grpc_health, inventory, node_plugin, sockets
+from dra_gpu.plugin import (
+    call_lock,
+    device_health,
+    grpc_health,
+    inventory,
+    node_plugin,
+    slice_plan,
+    sockets,
+)
 from dra_gpu.plugin import settings as plugin_settings
 
 NODE = "node-a"
@@ -316,6 +324,60 @@ def test_two_rolling_update_instances_serve_side_by_side(
         with channel(p.dra) as ch:
             stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
             stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=TIMEOUT_S)
+
+
+def test_older_rolling_update_instance_stands_by_until_the_newer_one_is_gone(
+    short_root: Path,
+) -> None:
+    # Two versions publishing different devices for one pool: the newer one's slices stay; once
+    # it has stopped (its registration socket gone), the older one publishes again.
+    store = FakeSliceStore()
+
+    def plugin(uid: str, profile: str, started_ns: int) -> node_plugin.NodePlugin:
+        return node_plugin.NodePlugin(
+            make_settings(short_root, "--pod-uid", uid),
+            store=store,
+            devices=inventory.discover(inventory.backend_for(simulate=profile, node_name=NODE)),
+            register_dra=register_empty_dra,
+            instance=slice_plan.Instance(started_ns, uid),
+        )
+
+    def products() -> set[object]:
+        return {
+            d["attributes"]["productName"]["string"]
+            for s in store.slices.values()
+            for d in s["spec"]["devices"]
+        }
+
+    # The old instance's publisher is driven by hand (its threads never run), so each pass is
+    # one deterministic step; the new one runs for real, sockets and all.
+    old = plugin("uid-old", "a100x4-mig", 1)
+    new = plugin("uid-new", "h200x8", 2)
+    old.publisher.reconcile_once()
+    assert products() == {"NVIDIA A100-SXM4-40GB"}
+    try:
+        new.start()
+        assert new.publisher.wait_synced(TIMEOUT_S)
+        assert old.publisher.reconcile_once().standby_for == slice_plan.Instance(2, "uid-new")
+        assert products() == {"NVIDIA H200"}
+    finally:
+        new.stop()
+    assert old.publisher.reconcile_once().standby_for is None
+    assert products() == {"NVIDIA A100-SXM4-40GB"}
+
+
+def test_a_socket_accepts_only_while_its_server_listens(tmp_path: Path) -> None:
+    import socket
+
+    path = tmp_path / "s.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen()
+    assert sockets.accepts(path)
+    server.close()  # the file stays behind, as after a crash
+    assert path.is_socket() and not sockets.accepts(path)
+    (tmp_path / "plain").write_text("")
+    assert not sockets.accepts(tmp_path / "plain")
 
 
 @pytest.mark.parametrize(

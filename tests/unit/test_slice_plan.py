@@ -196,3 +196,18 @@ def test_same_content_from_another_instance_needs_no_write() -> None:
 @pytest.mark.parametrize("text", ["", "pod", "x/pod", "/pod"])
 def test_unreadable_publisher_annotation_is_no_instance(text: str) -> None:
     assert slice_plan.Instance.parse(text) is None
+
+
+def test_a_newer_instance_that_is_gone_does_not_silence_the_pool() -> None:
+    # E.g. it crashed, or the clock was set back after it wrote: its slices must not win.
+    p = slice_plan.plan(
+        desired=[body("gpu-0")],
+        existing=written_by(NEW, "gpu-0", "gpu-1"),
+        node=NODE,
+        driver=DRIVER,
+        last_generation=0,
+        instance=OLD,
+        alive=lambda other: False,
+    )
+    assert p.standby_for is None
+    assert [d["name"] for d in p.updates[0]["spec"]["devices"]] == ["gpu-0"]
