@@ -1,4 +1,5 @@
-"""Admission review of ResourceClaims and ResourceClaimTemplates: pure, dict in, dict out.
+"""Admission review of ResourceClaims, ResourceClaimTemplates and DeviceClasses: pure, dict in,
+dict out.
 
 :func:`review` takes an ``admission.k8s.io/v1`` AdmissionReview and returns the AdmissionReview
 to send back. It never raises on bad input: a malformed review gets a refusal naming the problem.
@@ -10,6 +11,9 @@ to send back. It never raises on bad input: a malformed review gets a refusal na
 - Warnings (allowed, flagged to the user by kubectl): selectors referencing attribute or
   capacity names the driver never publishes (:mod:`selectors`), in ``exactly.selectors`` and in
   ``firstAvailable[].selectors`` (and the request-level ``selectors`` of older API versions).
+- A DeviceClass has the same ``config`` and ``selectors`` entries directly in its ``spec``: an
+  administrator's class with a bad GpuConfig would otherwise fail the prepare of every claim
+  that uses it, long after the class was written.
 - Configs of other drivers, deletes, other kinds, and updates that leave the device spec as it
   was (finalizer and label changes) are allowed untouched.
 """
@@ -28,6 +32,7 @@ DRIVER: Final = "gpu.nvidia.com"
 _DEVICES_PATH: Final = {
     "ResourceClaim": ("spec", "devices"),
     "ResourceClaimTemplate": ("spec", "spec", "devices"),
+    "DeviceClass": ("spec",),
 }
 _REVIEWED_OPERATIONS: Final = frozenset({"CREATE", "UPDATE"})
 
@@ -62,6 +67,8 @@ def config_problems(devices: Mapping[str, Any], prefix: str) -> list[str]:
 
 
 def _selector_lists(devices: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, list[Any]]]:
+    # A DeviceClass's own selectors (a DeviceClaim has none at this level).
+    yield f"{prefix}.selectors", _items(devices.get("selectors"))
     for i, request in enumerate(_items(devices.get("requests"))):
         base = f"{prefix}.requests[{i}]"
         exactly = _field(request, "exactly")

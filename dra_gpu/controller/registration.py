@@ -1,9 +1,12 @@
 """The ValidatingWebhookConfiguration that sends claims to the webhook (pure, for tests/charts).
 
-The rules select ResourceClaims and ResourceClaimTemplates of ``resource.k8s.io`` on CREATE and
-UPDATE, for ``v1`` only: with ``matchPolicy: Equivalent`` the API server converts requests made
-through older API versions to ``v1`` before calling us, so the webhook reads one shape.
-``sideEffects: None`` lets server-side dry-run requests reach it.
+Two webhooks, one endpoint. ``claims.``: ResourceClaims and ResourceClaimTemplates of
+``resource.k8s.io`` on CREATE and UPDATE, failure policy as configured. ``classes.``: DeviceClasses
+(cluster-scoped), failure policy Ignore, so the DeviceClasses installed with the chart, before the
+webhook's pod is up, are never blocked (they carry no config to check). Both for ``v1`` only: with
+``matchPolicy: Equivalent`` the API server converts requests made through older API versions to
+``v1`` before calling us, so the webhook reads one shape. ``sideEffects: None`` lets server-side
+dry-run requests reach it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import base64
 from typing import Any, Final
 
 WEBHOOK_NAME: Final = "claims.gpu.nvidia.com"
+CLASSES_WEBHOOK_NAME: Final = "classes.gpu.nvidia.com"
 VALIDATE_PATH: Final = "/validate"
 
 
@@ -38,8 +42,10 @@ def validating_webhook_configuration(
     timeout_seconds: int = 10,
     labels: dict[str, str] | None = None,
     namespaces: list[str] | None = None,
+    class_selector: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The configuration; ``namespaces`` limits it to those (tests keep others unaffected)."""
+    """The configuration; ``namespaces`` and ``class_selector`` (an object selector for
+    DeviceClasses) limit it, so tests leave everything else of a shared cluster alone."""
     selector: dict[str, Any] = {}
     if namespaces is not None:
         selector = {
@@ -47,6 +53,12 @@ def validating_webhook_configuration(
                 {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}
             ]
         }
+    common = {
+        "matchPolicy": "Equivalent",
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": timeout_seconds,
+    }
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -55,21 +67,28 @@ def validating_webhook_configuration(
             {
                 "name": WEBHOOK_NAME,
                 "clientConfig": client_config,
-                "rules": [
-                    {
-                        "apiGroups": ["resource.k8s.io"],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["resourceclaims", "resourceclaimtemplates"],
-                        "scope": "Namespaced",
-                    }
-                ],
-                "matchPolicy": "Equivalent",
+                "rules": [_rule(["resourceclaims", "resourceclaimtemplates"], "Namespaced")],
                 "namespaceSelector": selector,
                 "failurePolicy": failure_policy,
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": timeout_seconds,
-            }
+                **common,
+            },
+            {
+                "name": CLASSES_WEBHOOK_NAME,
+                "clientConfig": client_config,
+                "rules": [_rule(["deviceclasses"], "Cluster")],
+                "objectSelector": class_selector or {},
+                "failurePolicy": "Ignore",
+                **common,
+            },
         ],
+    }
+
+
+def _rule(resources: list[str], scope: str) -> dict[str, Any]:
+    return {
+        "apiGroups": ["resource.k8s.io"],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": resources,
+        "scope": scope,
     }

@@ -7,7 +7,7 @@ module's namespace points the API server at ``ctl-a``'s port on 127.0.0.1, failu
 Cases:
 - A claim with an invalid GpuConfig is refused with the field named; a valid one is created; a
   template with an invalid config is refused; a misspelled selector attribute is created with a
-  warning suggesting the published name.
+  warning suggesting the published name; a DeviceClass with an invalid GpuConfig is refused.
 - The built-in DeviceClasses are restored after deletion and after an edit; a class the
   controller does not own is never touched; the classes file's classes appear, and follow edits
   of the file (added, removed, extendedResourceName set on gpu.nvidia.com).
@@ -50,6 +50,9 @@ TEMPLATES = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates"
 LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{LEASE}"
 WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 DENIED = f'admission webhook "{registration.WEBHOOK_NAME}" denied the request'
+CLASS_DENIED = f'admission webhook "{registration.CLASSES_WEBHOOK_NAME}" denied the request'
+# Only DeviceClasses with this label reach this module's webhook (the cluster is shared).
+CLASS_LABEL = "dra-gpu.test/controller-webhook"
 
 CLASSES_FILE = """
 classes:
@@ -172,6 +175,7 @@ def register_webhook(client: KubeClient, port: int, ca: Path) -> None:
             f"https://127.0.0.1:{port}/validate", ca_bundle_pem=ca.read_bytes()
         ),
         namespaces=[NS],
+        class_selector={"matchLabels": {CLASS_LABEL: "true"}},
     )
     try:
         existing = client.request("GET", f"{WEBHOOKS}/{WEBHOOK_CONFIG}")
@@ -298,6 +302,27 @@ def test_misspelled_selector_is_created_with_a_warning(setup: Setup) -> None:
         "spec.devices.requests[0].exactly.selectors[0]" in w and "'productName'" in w
         for w in reply.warnings
     ), reply.warnings
+
+
+def test_device_class_with_invalid_config_is_refused(setup: Setup) -> None:
+    bad = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "ctl-test-bad-class", "labels": {CLASS_LABEL: "true"}},
+        "spec": {
+            "selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}],
+            "config": [
+                {"opaque": {"driver": "gpu.nvidia.com", "parameters": gpu_config(strategy="x")}}
+            ],
+        },
+    }
+    with pytest.raises(errors.ApiError) as refused:
+        setup.client.call("POST", CLASSES, body=bad, query={"dryRun": "All"})
+    assert CLASS_DENIED in refused.value.message
+    assert "spec.config[0].opaque.parameters.sharing.strategy" in refused.value.message
+    bad["spec"]["config"][0]["opaque"]["parameters"] = gpu_config(strategy="TimeSlicing")
+    reply = setup.client.call("POST", CLASSES, body=bad, query={"dryRun": "All"})
+    assert reply.body["metadata"]["name"] == "ctl-test-bad-class"
 
 
 # ----- DeviceClasses ------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""Admission review of ResourceClaims and ResourceClaimTemplates.
+"""Admission review of ResourceClaims, ResourceClaimTemplates and DeviceClasses.
 
 Cases: a valid GpuConfig is allowed; invalid configs are refused with the full field path and
 reason (the same ConfigError prepare raises); other drivers' configs are ignored; templates are
 checked at their nested path; misspelled selector names in exactly, firstAvailable and v1beta1
-request-level selectors are allowed with warnings naming the selector; deletes, other kinds and
-malformed reviews get sensible answers.
+request-level selectors are allowed with warnings naming the selector; a DeviceClass's config and
+selectors are checked at their paths; deletes, other kinds and malformed reviews get sensible
+answers.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def claim_review(
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {"devices": devices}
     obj = {"spec": spec} if kind == "ResourceClaim" else {"spec": {"spec": spec}}
+    if kind == "DeviceClass":
+        obj = {"spec": devices}  # a class holds config and selectors directly in its spec
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -125,6 +128,17 @@ def test_template_is_checked_at_its_path() -> None:
     r = response(review)
     assert r["allowed"] is False
     assert r["status"]["message"].startswith("spec.spec.devices.config[0].opaque.parameters.x:")
+
+
+def test_device_class_config_and_selectors_are_checked() -> None:
+    spec = {
+        "selectors": [{"cel": {"expression": BAD_NAME}}],
+        "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {**GPU_CONFIG, "x": 1}}}],
+    }
+    r = response(claim_review(spec, kind="DeviceClass"))
+    assert r["allowed"] is False
+    assert r["status"]["message"].startswith("spec.config[0].opaque.parameters.x:")
+    assert [w.split(":")[0] for w in r["warnings"]] == ["spec.selectors[0]"]
 
 
 def test_misspelled_selector_is_allowed_with_warning() -> None:

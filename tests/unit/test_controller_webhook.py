@@ -151,7 +151,10 @@ def test_registration_limits_namespaces_and_carries_ca() -> None:
         registration.client_config_url("https://127.0.0.1:1/validate", ca_bundle_pem=b"PEM"),
         namespaces=["t1"],
     )
-    (hook,) = cfg["webhooks"]
-    assert hook["clientConfig"]["caBundle"] == "UEVN"
-    assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["t1"]
-    assert hook["sideEffects"] == "None" and hook["failurePolicy"] == "Fail"
+    claims, classes = cfg["webhooks"]
+    assert claims["clientConfig"]["caBundle"] == "UEVN"
+    assert claims["namespaceSelector"]["matchExpressions"][0]["values"] == ["t1"]
+    assert claims["sideEffects"] == "None" and claims["failurePolicy"] == "Fail"
+    # DeviceClasses the chart installs before the webhook runs must never be blocked.
+    assert classes["rules"][0]["resources"] == ["deviceclasses"]
+    assert classes["rules"][0]["scope"] == "Cluster" and classes["failurePolicy"] == "Ignore"
