@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "controller",
         help="keep the DeviceClasses applied and serve the admission webhook",
         description="Cluster-wide controller: DeviceClasses (leader only) and the admission "
-        "webhook for ResourceClaims/ResourceClaimTemplates (every replica).",
+        "webhook for ResourceClaims, ResourceClaimTemplates and DeviceClasses (every replica).",
     )
     p.add_argument(
         "--kubeconfig",
