@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import ssl
 import statistics
 import subprocess
@@ -96,13 +95,7 @@ def one_run(kubeconfig: Path, client: KubeClient) -> tuple[float, float, float]:
             time.sleep(1.0)
             rss = rss_mib(proc.pid)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            procs.stop(proc, grace_s=15)
     return classes_at - started, serving_at - started, rss
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -93,6 +92,7 @@ class SliceWatch:
 
 
 def one_run(*, kubeconfig: Path, node: str, watcher: SliceWatch) -> tuple[float, float]:
+    from e2e import procs
     from e2e.driver import PluginDirs, plugin_argv
 
     rv = watcher.clear()
@@ -115,13 +115,7 @@ def one_run(*, kubeconfig: Path, node: str, watcher: SliceWatch) -> tuple[float,
             time.sleep(1.0)
             rss = rss_mib(proc.pid)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            procs.stop(proc, grace_s=10)
         thread.join(5)
     return seen - started, rss
 
