@@ -28,7 +28,7 @@ from typing import Any
 from e2e import demo_env, demo_view, supervisor
 from e2e.demo_env import DemoState, NodeInfo
 from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
-from e2e.suite.views import LogIncomplete, parse_report
+from e2e.suite.views import LogIncomplete, extended_requests, parse_report
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS_DIR = REPO_ROOT / "e2e" / "scenarios"
@@ -107,7 +107,8 @@ def _placed(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
         return pod
     if not pod["spec"].get("nodeName"):
         return None
-    for claim_name in demo_view.pod_claim_names(pod).values():
+    extended, _ = extended_requests(pod, "")
+    for claim_name in [*demo_view.pod_claim_names(pod).values(), *([extended] if extended else [])]:
         claim = kube.claim(namespace, claim_name)
         if not claim or not (claim.get("status") or {}).get("allocation"):
             return None
@@ -139,21 +140,22 @@ def _observe_cdi(kube: Kube, node: NodeInfo, pod: dict[str, Any], container: dic
 
     namespace = pod["metadata"]["namespace"]
     claim_names = demo_view.pod_claim_names(pod)
-    wanted = demo_view.container_claims(container)
-    claims = {
-        claim_names[ref]: kube.claim(namespace, claim_names[ref]) or {}
-        for ref, _ in wanted
+    # (ResourceClaim name, request or None for all of it) for what this container uses.
+    wanted = [
+        (claim_names[ref], request)
+        for ref, request in demo_view.container_claims(container)
         if ref in claim_names
-    }
+    ]
+    extended, requests = extended_requests(pod, container["name"])
+    wanted += [(extended, request) for request in requests]
+    claims = {name: kube.claim(namespace, name) or {} for name, _ in wanted}
     prepared = demo_prepare.prepare(
         Path(node.dra_socket),
         [(namespace, c["metadata"]["uid"], name) for name, c in claims.items() if c],
     )
     ids: list[str] = []
-    for ref, request in wanted:
-        result = prepared.get(
-            claims.get(claim_names.get(ref, ""), {}).get("metadata", {}).get("uid", "")
-        )
+    for name, request in wanted:
+        result = prepared.get(claims[name].get("metadata", {}).get("uid", ""))
         if result is None:
             continue
         if isinstance(result, str):
@@ -186,6 +188,9 @@ def observe(kube: Kube, state: DemoState, namespace: str, name: str) -> list[dem
         refs = [
             claim_names[r] for r, _ in demo_view.container_claims(container) if r in claim_names
         ]
+        extended, requests = extended_requests(pod, container["name"])
+        if requests:
+            refs.append(extended)
         claim_cell, device_cell = _claim_cell(kube, namespace, refs)
         if node is None:
             saw, source = "Pending: no node has matching free devices", ""

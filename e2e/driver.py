@@ -204,11 +204,16 @@ class PluginProcess(ManagedProcess):
         return sockets[0] if sockets else None
 
 
+# No device plugin runs on the local nodes, so plain `nvidia.com/gpu: 1` limits are served by DRA.
+EXTENDED_RESOURCE = "nvidia.com/gpu"
+
+
 def controller_process(*, kubeconfig: Path, log_path: Path) -> ManagedProcess:
-    """The controller without leader election or webhook: it keeps the DeviceClasses applied."""
+    """The controller without leader election or webhook: it keeps the DeviceClasses applied
+    (``gpu.nvidia.com`` with ``extendedResourceName: nvidia.com/gpu``)."""
     argv = [
         *(sys.executable, "-m", "dra_gpu", "controller", "--kubeconfig", str(kubeconfig)),
-        "--no-leader-elect",
+        *("--no-leader-elect", "--extended-resource-name", EXTENDED_RESOURCE),
     ]
     return ManagedProcess("controller", argv, log_path, _python_env())
 

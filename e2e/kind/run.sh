@@ -62,6 +62,7 @@ install_driver() {
     --set image.tag="$IMAGE_TAG" \
     --set image.pullPolicy=Never \
     --set simulate.enabled=true \
+    --set controller.extendedResourceName=nvidia.com/gpu \
     --set simulate.profile="$profile" \
     --set-string "simulate.nodeSelector.dra-gpu\.test/profile=$profile"
 }

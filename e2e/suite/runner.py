@@ -127,8 +127,9 @@ def _wait_running(ctx: Context, run: Run, name: str) -> None:
 def _observe(ctx: Context, run: Run, name: str) -> list[str]:
     pod = run.pods[name]
     claim_names = _pod_claim_names(pod)
-    for claim_name in claim_names.values():
-        claim = ctx.kube.claim(run.namespace, claim_name)
+    extended_claim, _ = views.extended_requests(pod, "")
+    for claim_name in [*claim_names.values(), extended_claim]:
+        claim = ctx.kube.claim(run.namespace, claim_name) if claim_name else None
         if claim is not None:
             run.claims[claim_name] = claim
     problems = []
@@ -144,6 +145,11 @@ def _observe(ctx: Context, run: Run, name: str) -> list[str]:
         for ref in (container.get("resources") or {}).get("claims") or []:
             claim = run.claims.get(claim_names.get(ref["name"], ""), {})
             devices += views.allocated_devices(claim, request=ref.get("request"))
+            pools.update(_pools(claim))
+        extended_claim, requests = views.extended_requests(pod, cname)
+        for request in requests:
+            claim = run.claims.get(extended_claim, {})
+            devices += views.allocated_devices(claim, request=request)
             pools.update(_pools(claim))
         result = ContainerResult(
             name, cname, pod["spec"].get("nodeName", ""), view, tuple(devices), pools

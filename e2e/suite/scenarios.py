@@ -152,6 +152,11 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("one-gpu", "one GPU", checks=(device_count(1),)),
     Scenario("two-gpus", "two GPUs in one claim", checks=(device_count(2),)),
     Scenario(
+        "extended-resource",
+        "a device-plugin style nvidia.com/gpu: 1 limit, served through DRA",
+        checks=(device_count(1), device_env_has(TYPE="gpu")),
+    ),
+    Scenario(
         "two-claims",
         "one container with two claims sees both GPUs",
         checks=(device_count(2), device_env_has(TYPE="gpu")),

@@ -110,3 +110,16 @@ def mismatches(view: ContainerView, device_names: Sequence[str]) -> list[str]:
             f" (missing {sorted(want - seen)}, unexpected {sorted(seen - want)})"
         )
     return problems
+
+
+def extended_requests(pod: Mapping[str, Any], container: str) -> tuple[str, list[str]]:
+    """The claim the scheduler made for extended resources (``nvidia.com/gpu: 1`` served by a
+    DeviceClass's ``extendedResourceName``; "" if none) and the requests of it that belong to
+    ``container``."""
+    status = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    requests = [
+        str(m["requestName"])
+        for m in status.get("requestMappings") or []
+        if m.get("containerName") == container
+    ]
+    return str(status.get("resourceClaimName") or ""), requests
