@@ -132,7 +132,11 @@ class Watcher:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(self._interval_s):
-            self.check()
+            try:
+                self.check()
+            except Exception:
+                # A bug or an unexpected library error must not end re-discovery for good.
+                log.exception("%s: re-discovery failed", self.what)
 
     def check(self) -> bool:
         """One poll; True when the listener was told of new devices."""

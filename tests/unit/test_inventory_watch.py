@@ -10,6 +10,7 @@ which watcher a node gets (file, NVML, none).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 from dra_gpu.devices import naming, simulated
 from dra_gpu.devices.model import Device, Discovery, DiscoveryError
 from dra_gpu.plugin import inventory
+from e2e import waiting
 
 GPUS = (
     simulated.SimulatedBackend(profile=simulated.BUILTIN_PROFILES["h200x8"], node_name="n")
@@ -100,6 +102,30 @@ def test_an_unusable_discovery_keeps_the_last_inventory(caplog: pytest.LogCaptur
     assert watcher.check() is False
     assert heard.calls == []
     assert "NVML inventory cannot be used: NVML library not found" in caplog.text
+
+
+def test_an_unexpected_error_does_not_end_the_watch(caplog: pytest.LogCaptureFixture) -> None:
+    answers: list[Sequence[Device] | Exception] = [RuntimeError("NVML: Unknown Error"), ALL[:7]]
+
+    def poll() -> Sequence[Device]:
+        answer = answers.pop(0) if answers else ALL[:7]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    heard = Heard()
+    stop = threading.Event()
+    watcher = inventory.Watcher(
+        poll=poll, listener=heard, current=ALL, interval_s=0.01, what="NVML inventory"
+    )
+    thread = watcher.start(stop)
+    try:
+        waiting.wait_for("the change after the error", lambda: heard.calls, timeout=10, every=0.01)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert heard.calls[0] == [d.name for d in ALL[:7]]
+    assert "NVML inventory: re-discovery failed" in caplog.text
 
 
 def test_a_profile_file_is_read_again_only_when_it_changed(tmp_path: Path) -> None:
