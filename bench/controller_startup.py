@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +31,7 @@ from bench.plugin_startup import rss_mib  # noqa: E402
 from dra_gpu.controller import classes  # noqa: E402
 from dra_gpu.kube import errors  # noqa: E402
 from dra_gpu.kube.client import KubeClient, connect  # noqa: E402
-from e2e import procs, waiting  # noqa: E402
+from e2e import probes, procs, waiting  # noqa: E402
 
 TARGET_CLASSES_S = 2.0
 TARGET_RSS_MIB = 100.0
@@ -54,24 +52,12 @@ def present(client: KubeClient) -> bool:
     return set(classes.BUILTIN_NAMES) <= names
 
 
-def webhook_answers(port: int, ca: Path) -> bool:
-    context = ssl.create_default_context(cafile=str(ca)) if ca.is_file() else None
-    if context is None:
-        return False
-    try:
-        with urllib.request.urlopen(
-            f"https://127.0.0.1:{port}/healthz", context=context, timeout=1
-        ) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
 def one_run(kubeconfig: Path, client: KubeClient) -> tuple[float, float, float]:
     delete_builtin_classes(client)
     (port,) = procs.free_ports(1)
     with tempfile.TemporaryDirectory(prefix="ctlb-") as tmp:
         cert_dir = Path(tmp) / "certs"
+        ca = cert_dir / "ca.crt"
         argv = [
             *(sys.executable, "-m", "dra_gpu", "controller", "--kubeconfig", str(kubeconfig)),
             *("--no-leader-elect", "--webhook-port", str(port), "--cert-dir", str(cert_dir)),
@@ -89,7 +75,7 @@ def one_run(kubeconfig: Path, client: KubeClient) -> tuple[float, float, float]:
                     raise RuntimeError("the controller was not ready within 30 s")
                 if classes_at is None and present(client):
                     classes_at = time.monotonic()
-                if serving_at is None and webhook_answers(port, cert_dir / "ca.crt"):
+                if serving_at is None and probes.https_healthy(port, ca, timeout=1):
                     serving_at = time.monotonic()
                 time.sleep(0.02)
             time.sleep(1.0)

@@ -27,7 +27,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from dra_gpu.controller import registration  # noqa: E402
 from dra_gpu.kube import errors  # noqa: E402
 from dra_gpu.kube.client import KubeClient, connect  # noqa: E402
-from e2e import procs, waiting  # noqa: E402
+from e2e import probes, procs, waiting  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
 
 NS = "bench-webhook"
@@ -149,11 +148,7 @@ def controller(kubeconfig: str, workdir: Path) -> Iterator[tuple[int, Path]]:
     def serving() -> bool:
         if proc.poll() is not None:
             raise SystemExit((workdir / "controller.log").read_text())
-        with contextlib.suppress(OSError):
-            ctx = ssl.create_default_context(cafile=str(ca))
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx):
-                return True
-        return False
+        return probes.https_healthy(port, ca)
 
     try:
         waiting.wait_for("the controller's webhook", serving, timeout=60)

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import ssl
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +36,7 @@ import pytest
 from dra_gpu.controller import classes, registration
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient, connect
-from e2e import procs, waiting
+from e2e import probes, procs, waiting
 from e2e.cluster import Cluster
 
 NS = "dra-gpu-controller-test"
@@ -126,16 +124,7 @@ def start_replica(
 
 
 def healthy(replica: Replica, ca: Path) -> bool:
-    if not ca.exists():
-        return False
-    ctx = ssl.create_default_context(cafile=str(ca))
-    try:
-        with urllib.request.urlopen(
-            f"https://127.0.0.1:{replica.port}/healthz", context=ctx, timeout=2
-        ) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+    return probes.https_healthy(replica.port, ca)
 
 
 def lease_holder(client: KubeClient) -> str:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from dra_gpu.devices.model import Device
 from dra_gpu.devices.naming import build_devices
 from dra_gpu.devices.simulated import SimulatedBackend, resolve_profile
+from dra_gpu.plugin.state import DeviceState, StateSettings
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -98,3 +100,33 @@ class FakeFetcher:
         self.calls += 1
         found = self.claims.get((namespace, name))
         return copy.deepcopy(found) if found is not None else None
+
+
+def device_state(
+    root: Path,
+    *,
+    devices: Mapping[str, Device],
+    claims: FakeFetcher,
+    simulated: bool = True,
+    driver_root: Path = Path("/"),
+    boot_id: Callable[[], str] = lambda: "boot",
+    report: Callable[[str, str], None] = lambda reason, message: None,
+    **kwargs: Any,
+) -> DeviceState:
+    """A DeviceState of node ``NODE`` with its CDI and state directories under ``root``."""
+    settings = StateSettings(
+        driver_name=DRIVER,
+        node_name=NODE,
+        cdi_root=root / "cdi",
+        state_dir=root / "state",
+        simulated=simulated,
+        driver_root=driver_root,
+    )
+    return DeviceState(
+        settings=settings,
+        inventory=lambda: devices,
+        claims=claims,
+        boot_id=boot_id,
+        report=report,
+        **kwargs,
+    )

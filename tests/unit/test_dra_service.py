@@ -16,11 +16,10 @@ from typing import Any
 
 import grpc
 import pytest
-from fake_claims import DRIVER, NODE, FakeFetcher, claim, inventory, result
+from fake_claims import NODE, FakeFetcher, claim, device_state, inventory, result
 
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from dra_gpu.plugin.dra_service import register_dra_services
-from dra_gpu.plugin.state import DeviceState, StateSettings
 
 INVENTORY = inventory()
 
@@ -31,18 +30,7 @@ def channel(tmp_path: Path) -> Iterator[grpc.Channel]:
         claim("u1", [result("gpu-0", share_id="s1")]),
         claim("u2", [result("gpu-1-mig-1g5gb-19-2", "mig")]),
     )
-    state = DeviceState(
-        settings=StateSettings(
-            driver_name=DRIVER,
-            node_name=NODE,
-            cdi_root=tmp_path / "cdi",
-            state_dir=tmp_path / "state",
-            simulated=True,
-        ),
-        inventory=lambda: INVENTORY,
-        claims=fetcher,
-        boot_id=lambda: "boot",
-    )
+    state = device_state(tmp_path, devices=INVENTORY, claims=fetcher)
     state.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     register_dra_services(server, state)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import real_nvml
-from fake_claims import DRIVER, NODE, FakeFetcher, claim, result
+from fake_claims import FakeFetcher, claim, device_state, result
 
 from dra_gpu.devices import naming
 from dra_gpu.devices.nvml import NvmlBackend
@@ -26,7 +26,6 @@ from dra_gpu.plugin import cdi, cdi_host
 from dra_gpu.plugin.cdi_validate import validate_spec
 from dra_gpu.plugin.ids import ClaimUID
 from dra_gpu.plugin.plan import ClaimRef
-from dra_gpu.plugin.state import DeviceState, StateSettings
 
 pytestmark = pytest.mark.nvml
 
@@ -64,19 +63,8 @@ def test_real_gpu_claim_gets_its_own_device_node_and_driver(
     root = driver_root()
     fetcher = FakeFetcher()
     fetcher.add(claim("real-1", [result(name)]))
-    state = DeviceState(
-        settings=StateSettings(
-            driver_name=DRIVER,
-            node_name=NODE,
-            cdi_root=tmp_path / "cdi",
-            state_dir=tmp_path / "state",
-            simulated=False,
-            driver_root=root,
-        ),
-        inventory=lambda: devices,
-        claims=fetcher,
-        boot_id=lambda: "boot",
-        report=lambda reason, msg: None,
+    state = device_state(
+        tmp_path, devices=devices, claims=fetcher, simulated=False, driver_root=root
     )
     ref = ClaimRef(uid=ClaimUID("real-1"), namespace="default", name="claim-real-1")
 

@@ -24,14 +24,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_claims import DRIVER, NODE, FakeFetcher, claim, config, gpu_config, inventory, result
+from fake_claims import (
+    NODE,
+    FakeFetcher,
+    claim,
+    config,
+    device_state,
+    gpu_config,
+    inventory,
+    result,
+)
 
 from dra_gpu.plugin import cdi, faults
 from dra_gpu.plugin.cdi_validate import validate_spec
 from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
 from dra_gpu.plugin.ids import ClaimUID
 from dra_gpu.plugin.plan import ClaimRef
-from dra_gpu.plugin.state import FAULT_STEPS, DeviceState, StateSettings
+from dra_gpu.plugin.state import FAULT_STEPS, DeviceState
 
 INVENTORY = inventory()
 MIG = "gpu-1-mig-1g5gb-19-2"
@@ -59,16 +68,9 @@ class Env:
         return self.root / "state"
 
     def state(self, **kwargs: Any) -> DeviceState:
-        settings = StateSettings(
-            driver_name=DRIVER,
-            node_name=NODE,
-            cdi_root=self.cdi_root,
-            state_dir=self.state_dir,
-            simulated=True,
-        )
-        return DeviceState(
-            settings=settings,
-            inventory=lambda: INVENTORY,
+        return device_state(
+            self.root,
+            devices=INVENTORY,
             claims=self.fetcher,
             boot_id=lambda: self.boot,
             report=lambda reason, msg: self.reports.append((reason, msg)),
