@@ -5,6 +5,10 @@ thread stuck inside C code, so on timeout the worker is *abandoned*: it is a dae
 never blocks interpreter exit), it gets a stop marker queued behind the stuck call, and the next
 call starts a fresh worker. Calls through one ``BoundedCaller`` are serialized (one in flight),
 which matches NVML's own global lock and keeps a hang from piling up threads.
+
+The plugin re-discovers every minute, so a driver that stays wedged would abandon workers
+forever. Once ``max_stuck`` abandoned workers are still inside their calls, a call fails at
+once without a new thread; when the driver lets them go, they exit and calls run again.
 """
 
 from __future__ import annotations
@@ -36,18 +40,32 @@ def _worker(work: queue.SimpleQueue[_Work | None]) -> None:
 
 
 class BoundedCaller:
-    def __init__(self, *, timeout_s: float, name: str = "bounded-call") -> None:
+    def __init__(self, *, timeout_s: float, name: str = "bounded-call", max_stuck: int = 4) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
         self.timeout_s = timeout_s
+        self.max_stuck = max_stuck
         self._name = name
         self._lock = threading.Lock()
         self._work: queue.SimpleQueue[_Work | None] | None = None
+        self._thread: threading.Thread | None = None
+        self._stuck: list[threading.Thread] = []
         self.abandoned_workers = 0
+
+    @property
+    def stuck_workers(self) -> int:
+        """Abandoned workers still inside their call."""
+        self._stuck = [t for t in self._stuck if t.is_alive()]
+        return len(self._stuck)
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
         """Run ``fn()`` and return its result or raise its exception, waiting ``timeout_s``."""
         with self._lock:
+            if self.stuck_workers >= self.max_stuck:
+                raise CallTimeoutError(
+                    f"{what} not called: {len(self._stuck)} earlier calls are still stuck "
+                    "(the GPU driver may be hung)"
+                )
             work = self._ensure_worker()
             fut: Future[T] = Future()
             work.put((fut, fn))
@@ -73,11 +91,14 @@ class BoundedCaller:
     def _ensure_worker(self) -> queue.SimpleQueue[_Work | None]:
         if self._work is None:
             work: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
-            threading.Thread(target=_worker, args=(work,), name=self._name, daemon=True).start()
-            self._work = work
+            thread = threading.Thread(target=_worker, args=(work,), name=self._name, daemon=True)
+            thread.start()
+            self._work, self._thread = work, thread
         return self._work
 
     def _abandon(self, work: queue.SimpleQueue[_Work | None]) -> None:
         work.put(None)  # the stuck worker exits if its call ever returns
-        self._work = None
+        if self._thread is not None:
+            self._stuck.append(self._thread)
+        self._work, self._thread = None, None
         self.abandoned_workers += 1

@@ -8,6 +8,8 @@ Design:
 * One failing GPU is logged and reported in ``Discovery.errors`` and skipped; the others are
   still published. After ``max_timeouts`` hung calls in one pass the remaining GPUs are reported
   without being touched, so a wedged driver costs at most ``max_timeouts * call_timeout_s``.
+  Re-discovery passes while calls are still stuck fail at once (``BoundedCaller.max_stuck``), so
+  a driver that stays wedged does not collect one abandoned thread per pass.
 * The library is found under ``driver_root`` (:mod:`dra_gpu.devices.nvml_lib`) and handed to
   pynvml before the first ``nvmlInit``; until that succeeds every pass tries again and reports
   the paths it tried, so a driver that appears later is picked up.
