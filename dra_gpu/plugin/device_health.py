@@ -9,8 +9,8 @@ Design:
 - A stream holds one server thread for its life; it ends when the client goes away or the feed
   is closed at shutdown. Waits are short so a vanished client frees its thread soon.
 - Devices start HEALTHY when discovery reports them. A device that re-discovery (see
-  ``inventory.Watcher``) no longer finds turns UNHEALTHY and stays listed until it is found
-  again. There is no finer fault source yet (XID events would feed ``HealthFeed.set``).
+  ``inventory.Watcher``) no longer finds turns UNHEALTHY and stays listed, while a prepared
+  claim holds it, until it is found again. There is no finer fault source yet (XID events would feed ``HealthFeed.set``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -63,12 +63,13 @@ class HealthFeed:
         self._version = 0
         self._closed = False
 
-    def set_devices(self, names: Sequence[str]) -> None:
+    def set_devices(self, names: Sequence[str], *, in_use: Collection[str] | None = None) -> None:
         """The discovered devices changed: new ones start HEALTHY, known ones keep their state.
 
         A device discovery no longer finds (a GPU that stopped answering NVML) stays in the
-        list as UNHEALTHY: a pod may still hold it, and the kubelet shows its health in the
-        pod's status. It turns HEALTHY again when discovery finds it again.
+        list as UNHEALTHY while a pod may hold it (``in_use``; None: unknown, keep them all),
+        so the kubelet shows it in that pod's status; a lost device nobody uses (e.g. a MIG
+        device the administrator destroyed) leaves the list. A device found again is HEALTHY.
         """
         now = int(self._clock())
         with self._cond:
@@ -82,7 +83,7 @@ class HealthFeed:
             gone = {
                 name: state if state.message == GONE else DeviceState(UNHEALTHY, now, GONE)
                 for name, state in old.items()
-                if name not in fresh
+                if name not in fresh and (in_use is None or name in in_use)
             }
             self._devices = {**fresh, **gone}
             self._bump()

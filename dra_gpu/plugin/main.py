@@ -23,7 +23,7 @@ from dra_gpu.plugin import settings as plugin_settings
 if TYPE_CHECKING:
     from dra_gpu.devices.model import Device
     from dra_gpu.kube.client import KubeClient
-    from dra_gpu.plugin.node_plugin import DraRegistrar
+    from dra_gpu.plugin.state import DeviceState
 
 log = logging.getLogger("dra_gpu.plugin")
 
@@ -39,16 +39,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(func=run)
 
 
-def dra_registrar(
+def device_state(
     settings: plugin_settings.Settings,
     *,
     client: KubeClient,
     inventory: Callable[[], Mapping[str, Device]],
-) -> DraRegistrar:
-    """The function that restores prepare state and adds the DRA services to a server."""
+) -> DeviceState:
+    """The prepare/unprepare state of this node (restored when the DRA server registers)."""
     from dra_gpu.plugin import dra_service
 
-    state = dra_service.make_state(
+    return dra_service.make_state(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         cdi_root=settings.cdi_root,
@@ -59,7 +59,6 @@ def dra_registrar(
         inventory=inventory,
         client=client,
     )
-    return dra_service.registrar(state)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     from dra_gpu.kube import errors
     from dra_gpu.kube.client import connect
-    from dra_gpu.plugin import checkpoint, inventory, node_plugin, slice_api, sockets
+    from dra_gpu.plugin import checkpoint, dra_service, inventory, node_plugin, slice_api, sockets
 
     try:
         backend = inventory.backend_for(
@@ -106,13 +105,15 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
     # Prepare looks devices up in the latest inventory (it may change while the plugin runs).
     current = {d.name: d for d in devices}
-    registrar = dra_registrar(settings, client=client, inventory=lambda: current)
-    plugin = node_plugin.NodePlugin(settings, store=store, devices=devices, register_dra=registrar)
+    state = device_state(settings, client=client, inventory=lambda: current)
+    plugin = node_plugin.NodePlugin(
+        settings, store=store, devices=devices, register_dra=dra_service.registrar(state)
+    )
 
     def set_devices(new: Sequence[Device]) -> None:
         nonlocal current
         current = {d.name: d for d in new}
-        plugin.set_devices(new)
+        plugin.set_devices(new, in_use=state.prepared_devices())
 
     log.info(
         "starting: node %s, driver %s, %d devices%s",

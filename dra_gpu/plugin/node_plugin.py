@@ -23,7 +23,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -115,10 +115,14 @@ class NodePlugin:
         path = socket_paths(dataclasses.replace(self._settings, pod_uid=other.name)).registration
         return sockets.accepts(path)
 
-    def set_devices(self, devices: Sequence[Device]) -> None:
-        """A new inventory: publish it and report its devices' health."""
+    def set_devices(self, devices: Sequence[Device], *, in_use: Collection[str] | None) -> None:
+        """A new inventory: publish it and report its devices' health.
+
+        ``in_use``: devices in prepared claims, which stay listed (UNHEALTHY) if they are gone;
+        None when that is unknown, so every device that is gone stays listed.
+        """
         self.publisher.set_inventory(renderer(self._settings, devices))
-        self.health.set_devices([d.name for d in devices])
+        self.health.set_devices([d.name for d in devices], in_use=in_use)
 
     def problem(self) -> str | None:
         """Why the plugin is not healthy, or None (for /healthz and grpc health)."""

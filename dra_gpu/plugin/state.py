@@ -291,6 +291,20 @@ class DeviceState:
             mig_caps=cdi_host.mig_caps(s.proc_root, migs),
         )
 
+    def prepared_devices(self) -> set[str] | None:
+        """This pool's devices in prepared claims; None when the checkpoint cannot be read."""
+        try:
+            checkpoint = self.store.load()
+        except CheckpointError as exc:
+            log.error("cannot tell which devices are in use: %s", exc)
+            return None
+        return {
+            device.device
+            for record in checkpoint.claims.values()
+            for device in record.devices
+            if device.pool == self.settings.node_name
+        }
+
     # --- start --------------------------------------------------------------------------------
 
     def start(self) -> StartReport:

@@ -1,7 +1,8 @@
 """The health feed behind the kubelet's health stream, as discovery changes (no grpc).
 
 Cases: devices start HEALTHY; a device discovery lost turns UNHEALTHY with the reason and keeps
-the time it was lost across further changes; it is HEALTHY again once found again.
+the time it was lost across further changes; it is HEALTHY again once found again; a lost device
+no prepared claim uses leaves the list.
 """
 
 from __future__ import annotations
@@ -40,3 +41,11 @@ def test_a_lost_device_is_unhealthy_until_found_again() -> None:
     clock.now = 1180
     feed.set_devices(["gpu-0", "gpu-1", "gpu-2"])
     assert feed.snapshot().devices["gpu-1"] == DeviceState(HEALTHY, 1180)
+
+
+def test_a_lost_device_nobody_uses_leaves_the_list() -> None:
+    feed = HealthFeed(pool="node-a", clock=Clock())
+    feed.set_devices(["gpu-0", "gpu-1", "gpu-2"])
+    feed.set_devices(["gpu-0"], in_use={"gpu-2"})
+    assert set(feed.snapshot().devices) == {"gpu-0", "gpu-2"}
+    assert feed.snapshot().devices["gpu-2"].health == UNHEALTHY

@@ -27,7 +27,7 @@ from fake_claims import FakeFetcher, claim, inventory, result
 from dra_gpu import discover_cmd
 from dra_gpu.devices import nvml
 from dra_gpu.devices.model import Discovery
-from dra_gpu.plugin import cdi, claims, dra_service
+from dra_gpu.plugin import cdi, claims
 from dra_gpu.plugin import main as plugin_main
 from dra_gpu.plugin import settings as plugin_settings
 from dra_gpu.plugin.ids import ClaimUID
@@ -116,14 +116,13 @@ def prepared_spec(
     fetcher = FakeFetcher(claim("u1", [result("gpu-0")]))
     monkeypatch.setattr(claims, "KubeClaimFetcher", lambda client: fetcher)
     monkeypatch.setattr(claims, "NodeEventReporter", lambda client, **_: print)
-    monkeypatch.setattr(dra_service, "registrar", lambda state: state)  # hand back the state
     states: list[DeviceState] = []
     devices = inventory()
 
     def prepare(env: dict[str, str]) -> dict[str, Any]:
         dirs = {"CDI_ROOT": str(tmp_path / "cdi"), "STATE_DIR": str(tmp_path / "state")}
         settings = parse([], {**env, **dirs})
-        state: Any = plugin_main.dra_registrar(settings, client=NO_API, inventory=lambda: devices)
+        state = plugin_main.device_state(settings, client=NO_API, inventory=lambda: devices)
         states.append(state)
         out = state.prepare([ClaimRef(uid=ClaimUID("u1"), namespace="default", name="claim-u1")])
         assert out[ClaimUID("u1")].error == ""

@@ -234,7 +234,7 @@ def test_health_stream_reports_devices_discovery_lost_as_unhealthy(
             health_v1_pb2.NodeWatchResourcesRequest(), timeout=TIMEOUT_S
         )
         next(stream)
-        plugin.set_devices(devices[:3])
+        plugin.set_devices(devices[:3], in_use={"gpu-5", "gpu-6", "gpu-7"})
         second = next(stream)
         stream.cancel()
     health = {d.device.device_name: (d.health, d.message) for d in second.devices}
@@ -242,10 +242,10 @@ def test_health_stream_reports_devices_discovery_lost_as_unhealthy(
     assert {name: health[name] for name in ("gpu-0", "gpu-1", "gpu-2")} == dict.fromkeys(
         ("gpu-0", "gpu-1", "gpu-2"), healthy
     )
-    # The devices discovery lost may still be in use: the kubelet hears they are unhealthy.
+    # Lost devices still in use: the kubelet hears they are unhealthy; the others leave.
     lost = (health_v1_pb2.HealthStatus.Value("UNHEALTHY"), device_health.GONE)
     assert {n: h for n, h in health.items() if h != healthy} == {
-        f"gpu-{i}": lost for i in range(3, 8)
+        f"gpu-{i}": lost for i in range(5, 8)
     }
 
 

@@ -330,3 +330,13 @@ def test_fault_switch_from_env() -> None:
     assert faults.from_env({})("after-cdi-written") is None
     with pytest.raises(ValueError, match="not a step"):
         faults.from_env({"DRA_GPU_FAULT": "nonsense"})
+
+
+def test_prepared_devices_are_those_of_prepared_claims(env: Env) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0"), result(MIG, "infer")]))
+    state = env.state()
+    assert state.prepared_devices() == set()
+    state.prepare([ref("u1")])
+    assert state.prepared_devices() == {"gpu-0", MIG}
+    state.unprepare([ref("u1")])
+    assert state.prepared_devices() == set()
