@@ -10,7 +10,8 @@ Design:
   is closed at shutdown. Waits are short so a vanished client frees its thread soon.
 - Devices start HEALTHY when discovery reports them. A device that re-discovery (see
   ``inventory.Watcher``) no longer finds turns UNHEALTHY and stays listed, while a prepared
-  claim holds it, until it is found again. There is no finer fault source yet (XID events would feed ``HealthFeed.set``).
+  claim holds it, until it is found again. There is no finer fault source yet (XID events
+  would feed ``HealthFeed.set``).
 """
 
 from __future__ import annotations
