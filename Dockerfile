@@ -9,8 +9,8 @@
 #
 # Users: the image runs as the unprivileged UID 65532, which is what the controller uses. The
 # kubelet plugin must run as root (the chart sets runAsUser: 0): it writes the kubelet's plugin
-# sockets under /var/lib/kubelet, CDI specs under /var/run/cdi, opens /dev/nvidia* through NVML and
-# creates MIG devices. Every instruction uses the exec form, so no shell runs in the final image.
+# sockets under /var/lib/kubelet, CDI specs under /var/run/cdi, and opens /dev/nvidia* through
+# NVML. Every instruction uses the exec form, so no shell runs in the final image.
 
 ARG PYTHON_IMAGE=python:3.12-slim
 
