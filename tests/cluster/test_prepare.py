@@ -23,7 +23,6 @@ import functools
 import json
 import shutil
 import signal
-import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -44,6 +43,7 @@ from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
 from dra_gpu.plugin.state import FAULT_STEPS
 from e2e import cdi_validator, procs, waiting
 from e2e.cluster import Cluster
+from e2e.driver import PluginDirs, plugin_argv
 
 DRIVER = "gpu.nvidia.com"
 API = "resource.nvidia.com/v1beta1"
@@ -90,17 +90,14 @@ class Node:
 
     def start(self, *, fault: str | None = None) -> Plugin:
         (port,) = procs.free_ports(1)
-        argv = [
-            sys.executable, "-m", "dra_gpu", "kubelet-plugin",
-            "--node-name", self.name,
-            "--simulate", "a100x4-mig",
-            "--plugin-registry-dir", str(self.root / "registry"),
-            "--plugin-data-dir", str(self.root / "data"),
-            "--cdi-root", str(self.cdi_root),
-            "--state-dir", str(self.state_dir),
-            "--healthz-port", str(port),
-        ]  # fmt: skip
-        env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": str(self.cluster.kubeconfig)}
+        argv = plugin_argv(
+            node_name=self.name,
+            kubeconfig=self.cluster.kubeconfig,
+            profile="a100x4-mig",
+            dirs=PluginDirs.under(self.root),
+            healthz_port=port,
+        )
+        env = {"PATH": "/usr/bin:/bin"}
         if fault:
             env["DRA_GPU_FAULT"] = fault
         log = self.root / "plugin.log"
