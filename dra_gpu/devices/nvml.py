@@ -31,7 +31,14 @@ from typing import Any
 
 from dra_gpu.devices import migprofiles, nvml_lib, pci
 from dra_gpu.devices.bounded import BoundedCaller, CallTimeoutError
-from dra_gpu.devices.model import Discovery, DiscoveryError, GpuInfo, MigDeviceInfo, MigEngines
+from dra_gpu.devices.model import (
+    Discovery,
+    DiscoveryError,
+    GpuInfo,
+    MigDeviceInfo,
+    MigEngines,
+    Version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +94,9 @@ def _text(value: str | bytes) -> str:
 
 
 def _cuda_version_text(value: int) -> str:
-    return f"{value // 1000}.{(value % 1000) // 10}"
+    """``13000`` -> ``"13.0"``, the way NVML tools print it (``GpuInfo`` keeps raw text)."""
+    version = Version.from_cuda_int(value)
+    return f"{version.major}.{version.minor}"
 
 
 class NvmlBackend:
