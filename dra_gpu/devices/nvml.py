@@ -234,7 +234,7 @@ class NvmlBackend:
         if not mig_enabled:
             return gpu, []
         migs, errors = self._read_mig_devices(h, gpu)
-        return _with_migs(gpu, migs), errors
+        return replace(gpu, mig_devices=tuple(migs)), errors
 
     def _mig_mode(self, h: Any) -> tuple[bool, bool]:
         try:
@@ -326,10 +326,6 @@ class NvmlBackend:
                 ofa_engines=int(prof.ofaCount),
             ),
         )
-
-
-def _with_migs(gpu: GpuInfo, migs: list[MigDeviceInfo]) -> GpuInfo:
-    return replace(gpu, mig_devices=tuple(migs))
 
 
 def _backend_failure(message: str) -> Discovery:
