@@ -50,7 +50,6 @@ class BoundedCaller:
         self._work: queue.SimpleQueue[_Work | None] | None = None
         self._thread: threading.Thread | None = None
         self._stuck: list[threading.Thread] = []
-        self.abandoned_workers = 0
 
     @property
     def stuck_workers(self) -> int:
@@ -81,13 +80,6 @@ class BoundedCaller:
                     "(the GPU driver may be hung); gave up waiting"
                 ) from None
 
-    def close(self) -> None:
-        """Stop the worker once it is idle (it is a daemon thread, so this is only tidiness)."""
-        with self._lock:
-            if self._work is not None:
-                self._work.put(None)
-                self._work = None
-
     def _ensure_worker(self) -> queue.SimpleQueue[_Work | None]:
         if self._work is None:
             work: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
@@ -101,4 +93,3 @@ class BoundedCaller:
         if self._thread is not None:
             self._stuck.append(self._thread)
         self._work, self._thread = None, None
-        self.abandoned_workers += 1
