@@ -38,14 +38,6 @@ MPS: Final = "MPS"
 
 TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
 
-# Numeric values ``nvidia-smi compute-policy --set-timeslice`` takes for each interval name.
-TIME_SLICE_INTERVAL_VALUES: Final[dict[str, int]] = {
-    "Default": 0,
-    "Short": 1,
-    "Medium": 2,
-    "Long": 3,
-}
-
 _DEVICE_KEY_RE: Final = re.compile(r"^(?:[0-9]+|(?:GPU|MIG)-[A-Za-z0-9/-]+)$")
 
 
