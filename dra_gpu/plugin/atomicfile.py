@@ -49,12 +49,10 @@ def write_atomic(path: Path, data: bytes, *, durable: bool, mode: int = 0o644) -
         fsync_dir(path.parent)
 
 
-def remove(path: Path, *, durable: bool) -> bool:
-    """Remove ``path``; ``False`` when it did not exist."""
+def remove(path: Path) -> bool:
+    """Remove ``path`` (not fsynced); ``False`` when it did not exist."""
     try:
         path.unlink()
     except FileNotFoundError:
         return False
-    if durable:
-        fsync_dir(path.parent)
     return True

@@ -222,25 +222,26 @@ def build_spec(
 # --- files -----------------------------------------------------------------------------------
 
 
-def write_spec(
-    cdi_root: Path, claim_uid: ClaimUID, spec: Mapping[str, Any], *, durable: bool = False
-) -> Path:
+def write_spec(cdi_root: Path, claim_uid: ClaimUID, spec: Mapping[str, Any]) -> Path:
     """Validate and atomically write the claim's spec; returns its path.
 
-    Not fsynced by default: after a power loss the plugin sees a new boot ID and rewrites the
-    specs of every completed claim from the checkpoint, which is durable.
+    Not fsynced: after a power loss the plugin sees a new boot ID and rewrites the specs of
+    every completed claim from the checkpoint, which is durable.
     """
     problems = cdi_validate.validate_spec(spec)
     if problems:
         raise CDIError(f"refusing to write an invalid CDI spec: {'; '.join(problems)}")
     path = spec_path(cdi_root, claim_uid)
-    atomicfile.write_atomic(path, (json.dumps(spec, indent=2) + "\n").encode(), durable=durable)
+    atomicfile.write_atomic(path, (json.dumps(spec, indent=2) + "\n").encode(), durable=False)
     return path
 
 
-def remove_spec(cdi_root: Path, claim_uid: ClaimUID, *, durable: bool = False) -> bool:
-    """Remove the claim's spec; ``False`` if there was none (not an error: unprepare repeats)."""
-    return atomicfile.remove(spec_path(cdi_root, claim_uid), durable=durable)
+def remove_spec(cdi_root: Path, claim_uid: ClaimUID) -> bool:
+    """Remove the claim's spec; ``False`` if there was none (not an error: unprepare repeats).
+
+    Not fsynced, for the reason :func:`write_spec` gives.
+    """
+    return atomicfile.remove(spec_path(cdi_root, claim_uid))
 
 
 def list_specs(cdi_root: Path) -> dict[ClaimUID, Path]:
