@@ -29,7 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-DRIVER = "gpu.nvidia.com"
+from dra_gpu import DRIVER_NAME  # noqa: E402
+
 TARGET_START_S = 1.5
 TARGET_RSS_MIB = 80.0
 DEVICES = 8
@@ -50,7 +51,7 @@ class SliceWatch:
 
         self._api = api
         self._resource = client.ResourceV1Api(api)
-        self._selector = f"spec.nodeName={node},spec.driver={DRIVER}"
+        self._selector = f"spec.nodeName={node},spec.driver={DRIVER_NAME}"
         self.seen_at: float | None = None
         self._done = threading.Event()
 

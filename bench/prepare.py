@@ -47,7 +47,6 @@ from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc  # noqa: E402
 from e2e import procs, waiting  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
 
-DRIVER = "gpu.nvidia.com"
 CLAIMS = 64
 TARGET_P50_MS, TARGET_P99_MS, TARGET_RATE = 10.0, 50.0, 100.0
 WAIT_S = 180.0  # set-up steps (not timed) on a busy machine

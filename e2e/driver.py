@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dra_gpu import DRIVER_NAME
+from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
 from e2e import procs, waiting
 from e2e.suite.kube import RESOURCE, Kube, wait_for
 
 if TYPE_CHECKING:
     from e2e.node import Node
-
-DRIVER_NAME = "gpu.nvidia.com"
 
 
 class ManagedProcess:
@@ -244,7 +244,7 @@ def wait_published(kube: Kube, plugins: Iterable[PluginProcess], *, timeout: flo
 
         wait_for(f"ResourceSlices of {plugin.node_name}", published, timeout=timeout)
     group, version = RESOURCE
-    for name in ("gpu.nvidia.com", "mig.nvidia.com"):
+    for name in (GPU_CLASS, MIG_CLASS):
         wait_for(
             f"DeviceClass {name} (made by the controller)",
             lambda n=name: kube.custom.get_cluster_custom_object(

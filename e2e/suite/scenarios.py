@@ -11,11 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dra_gpu import DRIVER_NAME
 from dra_gpu.plugin.cdi import env_prefix
-from e2e.suite import views
 from e2e.suite.runner import Check, Context, Run, Scenario
-
-DRIVER = views.DRIVER
 
 
 def device_facts(ctx: Context, pool: str, device: str) -> Mapping[str, Any]:
@@ -24,7 +22,7 @@ def device_facts(ctx: Context, pool: str, device: str) -> Mapping[str, Any]:
     generation = -1
     for item in ctx.kube.slices():
         spec = item["spec"]
-        if spec["driver"] != DRIVER or spec["pool"]["name"] != pool:
+        if spec["driver"] != DRIVER_NAME or spec["pool"]["name"] != pool:
             continue
         for dev in spec.get("devices") or []:
             if dev["name"] == device and spec["pool"]["generation"] > generation:

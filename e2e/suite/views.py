@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dra_gpu import DRIVER_NAME
 from dra_gpu.plugin.cdi import env_prefix
 
-DRIVER = "gpu.nvidia.com"
 CONTROL_NODES = frozenset({"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"})
 _GPU_MINOR = re.compile(r"^gpu-(\d+)(?:-mig-|$)")
 
@@ -71,7 +71,7 @@ def gpu_minor(device_name: str) -> int:
 
 
 def allocated_devices(
-    claim: Mapping[str, Any], *, request: str | None = None, driver: str = DRIVER
+    claim: Mapping[str, Any], *, request: str | None = None, driver: str = DRIVER_NAME
 ) -> list[str]:
     """Device names of ``driver`` in a claim's allocation, for one request (or all of them)."""
     allocation = (claim.get("status") or {}).get("allocation") or {}
