@@ -20,20 +20,7 @@ from typing import Any
 
 from dra_gpu.plugin.cdi import env_prefix
 from e2e.suite.views import ContainerView
-
-
-def pod_claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
-    """Pod-level claim name -> ResourceClaim name (template claims via the pod's status)."""
-    statuses = {
-        s["name"]: s.get("resourceClaimName")
-        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-    }
-    names: dict[str, str] = {}
-    for ref in pod["spec"].get("resourceClaims") or []:
-        claim = ref.get("resourceClaimName") or statuses.get(ref["name"])
-        if claim:
-            names[ref["name"]] = claim
-    return names
+from e2e.suite.views import pod_claim_names as pod_claim_names  # re-exported for e2e.demo
 
 
 def container_claims(container: Mapping[str, Any]) -> list[tuple[str, str | None]]:

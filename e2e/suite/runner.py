@@ -87,21 +87,6 @@ def with_node_selector(pod: dict[str, Any], selector: Mapping[str, str]) -> dict
     return {**pod, "spec": spec}
 
 
-def _pod_claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
-    """Pod-level claim name -> ResourceClaim name (templates resolved through the pod status)."""
-    names = {}
-    statuses = {s["name"]: s.get("resourceClaimName") for s in _status_claims(pod)}
-    for ref in pod["spec"].get("resourceClaims") or []:
-        claim = ref.get("resourceClaimName") or statuses.get(ref["name"])
-        if claim:
-            names[ref["name"]] = claim
-    return names
-
-
-def _status_claims(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return list((pod.get("status") or {}).get("resourceClaimStatuses") or [])
-
-
 def _pod_summary(ctx: Context, namespace: str, name: str) -> str:
     pod = ctx.kube.pod(namespace, name)
     status = pod.get("status") or {}
@@ -126,7 +111,7 @@ def _wait_running(ctx: Context, run: Run, name: str) -> None:
 
 def _observe(ctx: Context, run: Run, name: str) -> list[str]:
     pod = run.pods[name]
-    claim_names = _pod_claim_names(pod)
+    claim_names = views.pod_claim_names(pod)
     extended_claim, _ = views.extended_requests(pod, "")
     for claim_name in [*claim_names.values(), extended_claim]:
         claim = ctx.kube.claim(run.namespace, claim_name) if claim_name else None

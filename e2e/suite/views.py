@@ -112,6 +112,20 @@ def mismatches(view: ContainerView, device_names: Sequence[str]) -> list[str]:
     return problems
 
 
+def pod_claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
+    """Pod-level claim name -> ResourceClaim name (template claims via the pod's status)."""
+    statuses = {
+        s["name"]: s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    names: dict[str, str] = {}
+    for ref in pod["spec"].get("resourceClaims") or []:
+        claim = ref.get("resourceClaimName") or statuses.get(ref["name"])
+        if claim:
+            names[ref["name"]] = claim
+    return names
+
+
 def extended_requests(pod: Mapping[str, Any], container: str) -> tuple[str, list[str]]:
     """The claim the scheduler made for extended resources (``nvidia.com/gpu: 1`` served by a
     DeviceClass's ``extendedResourceName``; "" if none) and the requests of it that belong to
