@@ -8,11 +8,19 @@ watching the directory (it loads only ``*.json``/``*.yaml``) ignores it.
 ``durable=True`` also survives a power loss: the data is fsynced before the rename and the
 directory after it. Callers skip that only for files that are rebuilt after a reboot anyway
 (CDI specs live on tmpfs on real nodes and are rewritten from the checkpoint on a new boot).
+
+``locked`` holds an exclusive ``flock`` on a lock file, the one way the plugin serializes with
+another instance of itself (checkpoint commits, DRA calls during a rolling update). The lock
+belongs to the open file description and each call opens the file anew, so it also serializes
+threads of one process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -56,3 +64,14 @@ def remove(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[int]:
+    """Hold the exclusive lock on ``path`` (created if missing) for the block; yields its fd."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # closing releases the lock

@@ -2,8 +2,8 @@
 
 During a rolling update two plugin instances serve the same node; the kubelet may send
 prepare to one and unprepare to the other. A ``flock`` on a file in the plugin data directory,
-which both instances share, serializes those calls. Each call opens the file anew: flock locks
-belong to the open file description, so this also serializes threads of one process.
+which both instances share, serializes those calls (:func:`held`, i.e.
+:func:`dra_gpu.plugin.atomicfile.locked`, which also serializes threads of one process).
 
 The lock is applied by a server interceptor to every method of the DRA services, so the DRA
 adapter itself needs no knowledge of it.
@@ -11,27 +11,15 @@ adapter itself needs no knowledge of it.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from dra_gpu.plugin.atomicfile import locked as held
+
 DRA_SERVICE_PREFIX = "/k8s.io.kubelet.pkg.apis.dra."
-
-
-@contextlib.contextmanager
-def held(path: Path) -> Iterator[None]:
-    """Hold the exclusive lock on ``path`` (created if missing) for the block."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 class SerializeDraCalls(grpc.ServerInterceptor):  # type: ignore[type-arg]

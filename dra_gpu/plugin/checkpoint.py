@@ -34,7 +34,6 @@ and wakes the others. A mutation that raises fails alone and changes nothing.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import threading
@@ -196,12 +195,8 @@ class CheckpointStore:
     @contextlib.contextmanager
     def _file_lock(self) -> Iterator[int]:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with atomicfile.locked(self.state_dir / LOCK_NAME) as fd:
             yield fd
-        finally:
-            os.close(fd)
 
     def _stamp(self, lock_fd: int) -> tuple[bytes, tuple[int, int, int] | None]:
         """What identifies the file's current content without reading it.
