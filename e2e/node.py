@@ -22,13 +22,12 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 from e2e import binaries, images, node_cleanup, procs, waiting
 from e2e.node_binaries import NodeBinaries, ensure_node_binaries
@@ -45,25 +44,11 @@ from e2e.node_config import (
     pod_subnet,
 )
 
+if TYPE_CHECKING:
+    from e2e.cluster import Cluster
+
 Log = Callable[[str], None]
 _SUBNETS: set[str] = set()  # pod subnets of this process's live nodes
-
-
-class ClusterLike(Protocol):
-    """What a node needs from the control plane harness (``e2e.cluster.Cluster``)."""
-
-    def issue_client_cert(self, cn: str, orgs: list[str]) -> Any: ...
-    def write_kubeconfig(self, path: Path, cert: Any, key: Any) -> Any: ...
-    def api_client(self) -> Any: ...
-
-    @property
-    def ca_cert(self) -> Any: ...
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _log_stderr(line: str) -> None:
@@ -73,7 +58,7 @@ def _log_stderr(line: str) -> None:
 class Node:
     def __init__(
         self,
-        cluster: ClusterLike,
+        cluster: Cluster,
         *,
         name: str = "dra-gpu-node",
         workdir: Path | None = None,
@@ -90,7 +75,7 @@ class Node:
         self.ip = node_ip(self.paths)
         self.subnet = ""
         self.log = log
-        self.ports = KubeletPorts(server=free_port(), healthz=free_port())
+        self.ports = KubeletPorts(*procs.free_ports(2))
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._bins: NodeBinaries | None = None
         self._up = False
@@ -182,14 +167,14 @@ class Node:
             )
         )
         ca = p.root / "ca.crt"
-        ca.write_bytes(_pem_bytes(self.cluster.ca_cert))
+        ca.write_bytes(self.cluster.ca_cert.read_bytes())
         p.kubelet_config.write_text(
             kubelet_config(
                 p, ports=self.ports, client_ca=ca, cgroup_root=self.cgroup_root, address=self.ip
             )
         )
-        cert = self.cluster.issue_client_cert(f"system:node:{self.name}", ["system:nodes"])
-        self.cluster.write_kubeconfig(p.kubeconfig, *_cert_and_key(cert))
+        cert, key = self.cluster.issue_client_cert(f"system:node:{self.name}", ["system:nodes"])
+        self.cluster.write_kubeconfig(p.kubeconfig, cert, key)
 
     def _claim_subnet(self) -> str:
         # A bridge gets its gateway address only with its first pod: nodes of this process
@@ -315,18 +300,3 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node({json.dumps(self.summary())})"
-
-
-def _pem_bytes(value: Any) -> bytes:
-    """The cluster may hand out PEM as bytes, str, or a path to a PEM file."""
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, Path) or (isinstance(value, str) and not value.startswith("-----")):
-        return Path(value).read_bytes()
-    return str(value).encode()
-
-
-def _cert_and_key(issued: Any) -> tuple[Any, Any]:
-    if isinstance(issued, tuple):
-        return issued[0], issued[1]
-    return issued.cert, issued.key
