@@ -198,13 +198,24 @@ def etcd_gomod_text(version: str) -> str:
 _PINNED = {"k8s": "k8s.io/kubernetes", "etcd": "go.etcd.io/etcd/server/v3"}
 
 
+def module_version(gomod: Path, module: str) -> str:
+    """The version ``gomod`` requires of ``module`` (tool modules are listed as requirements)."""
+    pattern = re.compile(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", re.MULTILINE)
+    match = pattern.search(gomod.read_text())
+    if match is None:
+        raise ValueError(f"{gomod} does not require {module}")
+    return match.group(1)
+
+
 def pinned_version(module: str) -> str | None:
     """The version the committed wrapper module requires, or None when it is absent."""
     gomod = GOMOD_DIR / module / "go.mod"
     if not gomod.is_file():
         return None
-    found = re.search(rf"^\s*{re.escape(_PINNED[module])} (v\S+)", gomod.read_text(), re.M)
-    return found.group(1) if found else None
+    try:
+        return module_version(gomod, _PINNED[module])
+    except ValueError:
+        return None
 
 
 def module_dir(module: str, version: str, *, log: Log) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 from e2e import binaries
 
 MODULE_DIR = Path(__file__).resolve().parent / "gomod" / "cdi"
-CDI_VERSION = "v1.1.2"  # keep equal to the require line in e2e/gomod/cdi/go.mod
+CDI_MODULE = "tags.cncf.io/container-device-interface"
 BUILD_TIMEOUT_S = 600
 
 
@@ -29,7 +29,8 @@ class ValidatorUnavailable(RuntimeError):
 
 
 def binary_path() -> Path:
-    return binaries.cache_root() / f"cdi-validate-{CDI_VERSION}" / "cdi-validate"
+    version = binaries.module_version(MODULE_DIR / "go.mod", CDI_MODULE)
+    return binaries.cache_root() / f"cdi-validate-{version}" / "cdi-validate"
 
 
 def ensure() -> Path:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from e2e.binaries import cache_root
+from e2e.binaries import cache_root, module_version
 
 GOMOD = Path(__file__).resolve().parent / "gomod" / "helm"
 MODULE = "helm.sh/helm/v3"
@@ -44,10 +43,7 @@ KUBE_VERSION = "1.37.2"
 
 def helm_version(gomod: Path = GOMOD / "go.mod") -> str:
     """The helm version the wrapper module requires."""
-    match = re.search(rf"^\s*(?:require\s+)?{re.escape(MODULE)}\s+(v\S+)", gomod.read_text(), re.M)
-    if match is None:
-        raise ValueError(f"{gomod} does not require {MODULE}")
-    return match.group(1)
+    return module_version(gomod, MODULE)
 
 
 def helm_path() -> Path:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e.binaries import _run_go as run_go
-from e2e.binaries import cache_root
+from e2e.binaries import cache_root, module_version
 
 GOMOD = Path(__file__).resolve().parent / "gomod"
 CNI_BIN_DIR = Path("/usr/lib/cni")
@@ -39,15 +38,6 @@ DEBIAN_PACKAGES = (
     "iptables",
     "iproute2",
 )
-
-
-def module_version(gomod: Path, module: str) -> str:
-    """The version ``gomod`` requires of ``module`` (tool modules are listed as requirements)."""
-    pattern = re.compile(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", re.MULTILINE)
-    match = pattern.search(gomod.read_text())
-    if match is None:
-        raise ValueError(f"{gomod} does not require {module}")
-    return match.group(1)
 
 
 @dataclass(frozen=True)
