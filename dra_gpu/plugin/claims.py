@@ -21,6 +21,7 @@ from dra_gpu.kube.client import KubeClient
 log = logging.getLogger(__name__)
 
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+COMPONENT = "gpu.nvidia.com-kubelet-plugin"  # the source of our events
 
 
 class KubeClaimFetcher:
@@ -38,18 +39,9 @@ class KubeClaimFetcher:
 class NodeEventReporter:
     """``report(reason, message)`` -> a Warning Event on the Node ``node_name``."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        *,
-        node_name: str,
-        node_uid: str = "",
-        component: str = "gpu.nvidia.com-kubelet-plugin",
-    ) -> None:
+    def __init__(self, client: KubeClient, *, node_name: str) -> None:
         self._client = client
         self._node = node_name
-        self._node_uid = node_uid
-        self._component = component
 
     def __call__(self, reason: str, message: str) -> None:
         log.warning("%s: %s", reason, message)
@@ -61,12 +53,12 @@ class NodeEventReporter:
             "involvedObject": {
                 "kind": "Node",
                 "name": self._node,
-                "uid": self._node_uid or self._node,
+                "uid": self._node,  # as the kubelet does; ``kubectl describe node`` matches it
             },
             "reason": reason,
             "message": message[:1024],
             "type": "Warning",
-            "source": {"component": self._component, "host": self._node},
+            "source": {"component": COMPONENT, "host": self._node},
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,
