@@ -231,7 +231,7 @@ def module_dir(module: str, version: str, *, log: Log) -> Path:
     try:
         (tmp / "go.mod").write_text(text)
         log(f"[build] resolving the {module} {version} module graph (go mod tidy)")
-        _run_go(["go", "mod", "tidy"], cwd=tmp, env=os.environ.copy(), log=log, label="tidy")
+        run_go(["go", "mod", "tidy"], cwd=tmp, env=os.environ.copy(), log=log, label="tidy")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
     finally:
@@ -239,7 +239,7 @@ def module_dir(module: str, version: str, *, log: Log) -> Path:
     return target
 
 
-def _run_go(argv: list[str], *, cwd: Path, env: dict[str, str], log: Log, label: str) -> None:
+def run_go(argv: list[str], *, cwd: Path, env: dict[str, str], log: Log, label: str) -> None:
     """Run a go command, printing a progress line every PROGRESS_EVERY_S; raise on failure."""
     start = time.monotonic()
     tail: list[str] = []
@@ -273,7 +273,8 @@ def _fmt(seconds: float) -> str:
 
 
 @contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
+def build_lock(directory: Path) -> Iterator[None]:
+    """Hold the exclusive build lock of a cache directory (``.build.lock``; created if needed)."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".build.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -323,7 +324,7 @@ def recorded_build_seconds(component: str, versions: Versions) -> float | None:
 def _build_step(step: BuildStep, versions: Versions, *, log: Log) -> None:
     version = versions.etcd if step.module == "etcd" else versions.k8s
     out = component_dir(step.components[0], versions)
-    with _locked(out):
+    with build_lock(out):
         todo = missing(step.components, versions)
         if not todo:
             return
@@ -337,7 +338,7 @@ def _build_step(step: BuildStep, versions: Versions, *, log: Log) -> None:
         log(f"[build] building {label} (cgo={'on' if step.cgo else 'off'}) from {src}")
         start = time.monotonic()
         try:
-            _run_go(go_build_argv(step, tmp, versions), cwd=src, env=env, log=log, label=label)
+            run_go(go_build_argv(step, tmp, versions), cwd=src, env=env, log=log, label=label)
             for name in todo:
                 os.replace(tmp / name, out / name)
         finally:

@@ -9,7 +9,6 @@ into the cache (``<cache>/cdi-validate-<version>/cdi-validate``, moved in atomic
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
@@ -41,9 +40,7 @@ def ensure() -> Path:
     go = shutil.which("go")
     if go is None:
         raise ValidatorUnavailable("no go command on PATH")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with binaries.build_lock(target.parent):
         if target.exists():
             return target
         out = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))

@@ -14,16 +14,14 @@ CLI: ``python -m e2e.helm`` prints the helm path (building it first when needed)
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from e2e.binaries import cache_root, module_version
+from e2e.binaries import build_lock, cache_root, module_version, run_go
 
 GOMOD = Path(__file__).resolve().parent / "gomod" / "helm"
 MODULE = "helm.sh/helm/v3"
@@ -50,41 +48,20 @@ def helm_path() -> Path:
     return cache_root() / f"helm-{helm_version()}" / "helm"
 
 
-@contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with (directory / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def _log(message: str) -> None:
     print(f"[helm] {message}", file=sys.stderr, flush=True)
 
 
 def _go_build(version: str, out: Path) -> None:
-    """``go build -v`` with a progress line every 15 s (a cold build compiles ~600 packages)."""
+    """``go build -v`` through the harness's runner: progress lines while the ~600 packages of a
+    cold build compile, the output's tail on failure."""
     ldflags = (
         f"-s -w -X helm.sh/helm/v3/internal/version.version={version} "
         "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"
     )
     cmd = ["go", "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(out), PACKAGE]
     env = {**os.environ, "CGO_ENABLED": "0"}
-    start = last = time.monotonic()
-    compiled = 0
-    tail: list[str] = []
-    with subprocess.Popen(
-        cmd, cwd=GOMOD, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
-    ) as proc:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            compiled += 1
-            tail = [*tail[-19:], line.rstrip()]
-            if time.monotonic() - last >= 15:
-                last = time.monotonic()
-                _log(f"... {compiled} packages, {last - start:.0f} s")
-    if proc.returncode != 0:
-        raise RuntimeError(f"building helm {version} failed:\n" + "\n".join(tail))
+    run_go(cmd, cwd=GOMOD, env=env, log=_log, label=f"helm {version}")
 
 
 def ensure_helm() -> Path:
@@ -93,7 +70,7 @@ def ensure_helm() -> Path:
     if target.is_file():
         return target
     version = helm_version()
-    with _locked(target.parent):
+    with build_lock(target.parent):
         if target.is_file():  # another process built it while we waited
             return target
         _log(f"building helm {version} from the Go module proxy (once, into {target.parent})")

@@ -14,19 +14,15 @@ CLI: ``python -m e2e.node_binaries`` ensures everything and prints where it is.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.binaries import _run_go as run_go
-from e2e.binaries import cache_root, module_version
+from e2e.binaries import build_lock, cache_root, module_version, run_go
 
 GOMOD = Path(__file__).resolve().parent / "gomod"
 CNI_BIN_DIR = Path("/usr/lib/cni")
@@ -91,20 +87,12 @@ def _log(line: str) -> None:
     print(line, flush=True)
 
 
-@contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def ensure_built(build: GoBuild) -> Path:
     """Build the missing binaries of ``build``; returns the cache directory holding all of them."""
     directory = build.directory
     if not build.missing():
         return directory
-    with _locked(directory):
+    with build_lock(directory):
         tmp = directory / ".tmp"
         tmp.mkdir(exist_ok=True)
         for binary, package, cgo, tags in build.packages:
