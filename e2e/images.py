@@ -28,6 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from e2e.binaries import cache_root
+
 PAUSE_IMAGE = "localhost/dra-gpu/pause:1"
 TEST_IMAGE = "localhost/dra-gpu/busybox:1.35"
 BUSYBOX = Path("/bin/busybox")
@@ -159,6 +161,11 @@ def _write_atomic(path: Path, data: bytes) -> None:
     Path(f.name).replace(path)
 
 
+def cache_dir() -> Path:
+    """Where the node harness keeps the archives (bump the suffix when their content changes)."""
+    return cache_root() / "images-v1"
+
+
 def ensure_images(out_dir: Path) -> dict[str, Path]:
     """Write (when missing) the sandbox and test archives into ``out_dir``; image name -> path."""
     specs = {
@@ -175,10 +182,8 @@ def ensure_images(out_dir: Path) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from e2e.binaries import cache_root
-
     parser = argparse.ArgumentParser(prog="python -m e2e.images", description=__doc__)
-    parser.add_argument("--out", type=Path, default=cache_root() / "images-v1")
+    parser.add_argument("--out", type=Path, default=cache_dir())
     args = parser.parse_args(argv)
     for name, path in ensure_images(args.out).items():
         print(f"{name} {path}")

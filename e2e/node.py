@@ -86,7 +86,7 @@ class Node:
         started = time.monotonic()
         self._bins = ensure_node_binaries()
         kubelet = binaries.ensure(("kubelet",), log=self.log)["kubelet"]
-        archives = images.ensure_images(binaries.cache_root() / "images-v1")
+        archives = images.ensure_images(images.cache_dir())
         for root in node_cleanup.reap_stale():
             self.log(f"[node] cleaned up after a killed run: {root}")
         self._up = True

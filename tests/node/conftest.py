@@ -42,7 +42,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     with terminal_log(session) as log:
         ensure_node_binaries()
         binaries.ensure(("kubelet",), log=log)
-        images.ensure_images(binaries.cache_root() / "images-v1")
+        images.ensure_images(images.cache_dir())
 
 
 def _mountinfo() -> str:
