@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, Protocol
 
@@ -285,11 +285,7 @@ class DeviceState:
         migs = [(d.minor, d.gi_id or 0, d.ci_id or 0) for d in devices if d.type == "mig"]
         if not migs:
             return self._real_base
-        return cdi.RealNode(
-            dev_root=self._real_base.dev_root,
-            driver_mounts=self._real_base.driver_mounts,
-            mig_caps=cdi_host.mig_caps(s.proc_root, migs),
-        )
+        return replace(self._real_base, mig_caps=cdi_host.mig_caps(s.proc_root, migs))
 
     def prepared_devices(self) -> set[str] | None:
         """This pool's devices in prepared claims; None when the checkpoint cannot be read."""
