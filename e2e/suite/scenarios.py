@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.config.quantity import to_bytes as parse_quantity
 from dra_gpu.plugin.cdi import env_prefix
 from e2e.suite.runner import Check, Context, Run, Scenario
 
@@ -122,26 +123,6 @@ def some_container_without_devices(ctx: Context, run: Run) -> list[str]:
         for c in bare
         if c.view.device_paths
     ]
-
-
-def parse_quantity(text: str) -> int:
-    """Integer value of a Kubernetes quantity (binary and decimal suffixes)."""
-    suffixes = {
-        "Ki": 2**10,
-        "Mi": 2**20,
-        "Gi": 2**30,
-        "Ti": 2**40,
-        "Pi": 2**50,
-        "k": 10**3,
-        "M": 10**6,
-        "G": 10**9,
-        "T": 10**12,
-        "P": 10**15,
-    }
-    for suffix, factor in sorted(suffixes.items(), key=lambda kv: -len(kv[0])):
-        if text.endswith(suffix):
-            return int(float(text[: -len(suffix)]) * factor)
-    return int(float(text))
 
 
 GI = 2**30
