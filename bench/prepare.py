@@ -259,21 +259,19 @@ def main() -> int:
     args = parser.parse_args()
     node = f"bench-{uuid.uuid4().hex[:6]}"
     kinds = ["plugin", "standalone"] if args.server == "both" else [args.server]
+    claims: list[Any] = []  # made once, with the first server; the second reuses them
     with Cluster() as cluster, tempfile.TemporaryDirectory(prefix="pb-") as tmp:
         cluster.register_node(node)
         for kind in kinds:
             root = Path(tmp) / kind
             root.mkdir()
             with servers(cluster, node, root, kind) as socket:
-                claims = claims_cache or make_claims(cluster, node)
-                claims_cache[:] = claims
+                claims = claims or make_claims(cluster, node)
                 prep, unprep = latency(socket, claims, args.samples)
                 rates = [throughput(socket, claims) for _ in range(args.rounds)]
             report(kind, prep, unprep, rates)
     return 0
 
-
-claims_cache: list[Any] = []
 
 if __name__ == "__main__":
     raise SystemExit(main())
