@@ -179,9 +179,9 @@ def _warning(use: NameUse, names: PublishedNames) -> str | None:
     return f"{DOMAIN} never publishes {kind} {use.name!r}{hint}"
 
 
-def unknown_name_warnings(expression: str, names: PublishedNames | None = None) -> list[str]:
+def unknown_name_warnings(expression: str) -> list[str]:
     """One message per distinct unpublished name the expression uses, in order of appearance."""
-    names = names or published_names()
+    names = published_names()
     out: list[str] = []
     for use in name_uses(expression):
         msg = _warning(use, names)
