@@ -181,10 +181,17 @@ def _warning(use: NameUse, names: PublishedNames) -> str | None:
 
 def unknown_name_warnings(expression: str) -> list[str]:
     """One message per distinct unpublished name the expression uses, in order of appearance."""
+    return list(_warnings(expression))
+
+
+# Parsing is most of an admission's cost, and claims stamped from one template carry the same
+# selectors on every write: recent answers are kept. Bounded, since the text is the user's.
+@functools.lru_cache(maxsize=256)
+def _warnings(expression: str) -> tuple[str, ...]:
     names = published_names()
     out: list[str] = []
     for use in name_uses(expression):
         msg = _warning(use, names)
         if msg is not None and msg not in out:
             out.append(msg)
-    return out
+    return tuple(out)
