@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
+from dra_gpu import DRIVER_NAME
 from dra_gpu import config as gpu_config
 from dra_gpu.controller import selectors
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
-DRIVER: Final = "gpu.nvidia.com"
 # Where the DeviceClaim (spec.devices) sits in each kind we review.
 _DEVICES_PATH: Final = {
     "ResourceClaim": ("spec", "devices"),
@@ -52,7 +52,7 @@ def config_problems(devices: Mapping[str, Any], prefix: str) -> list[str]:
     problems: list[str] = []
     for i, entry in enumerate(_items(devices.get("config"))):
         opaque = _field(entry, "opaque")
-        if _field(opaque, "driver") != DRIVER:
+        if _field(opaque, "driver") != DRIVER_NAME:
             continue
         path = f"{prefix}.config[{i}].opaque.parameters"
         params = _field(opaque, "parameters")

@@ -22,7 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-DRIVER: Final = "gpu.nvidia.com"
+from dra_gpu import DRIVER_NAME
+
 GPU_CLASS: Final = "gpu.nvidia.com"
 MIG_CLASS: Final = "mig.nvidia.com"
 BUILTIN_NAMES: Final = frozenset({GPU_CLASS, MIG_CLASS})
@@ -57,7 +58,10 @@ class DesiredClass:
 
 def type_selector(device_type: str) -> str:
     """CEL matching this driver's devices of one type (``gpu`` or ``mig``)."""
-    return f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{device_type}'"
+    return (
+        f"device.driver == '{DRIVER_NAME}' && "
+        f"device.attributes['{DRIVER_NAME}'].type == '{device_type}'"
+    )
 
 
 def cel_selectors(expressions: Iterable[str]) -> list[JSON]:

@@ -33,6 +33,7 @@ from typing import Any, Final, Literal
 import pydantic
 import yaml
 
+from dra_gpu import DRIVER_NAME
 from dra_gpu import config as gpu_config
 from dra_gpu.config import quantity
 from dra_gpu.controller import classes, selectors
@@ -83,12 +84,12 @@ def _cel_string(text: str) -> str:
 
 def _expressions(entry: _Entry) -> list[str]:
     exprs = [classes.type_selector(entry.deviceType)]
-    attrs = f"device.attributes['{classes.DRIVER}']"
+    attrs = f"device.attributes['{DRIVER_NAME}']"
     if entry.productName is not None:
         exprs.append(f"{attrs}.productName == {_cel_string(entry.productName)}")
     if entry.minMemory is not None:
         exprs.append(
-            f"device.capacity['{classes.DRIVER}'].memory"
+            f"device.capacity['{DRIVER_NAME}'].memory"
             f".compareTo(quantity({_cel_string(entry.minMemory)})) >= 0"
         )
     return exprs + list(entry.selectors)
@@ -125,7 +126,7 @@ def _desired(entry: _Entry, origin: str) -> classes.DesiredClass:
     spec: dict[str, Any] = {"selectors": classes.cel_selectors(_expressions(entry))}
     if entry.config:
         spec["config"] = [
-            {"opaque": {"driver": classes.DRIVER, "parameters": p}} for p in entry.config
+            {"opaque": {"driver": DRIVER_NAME, "parameters": p}} for p in entry.config
         ]
     if entry.extendedResourceName:
         spec["extendedResourceName"] = entry.extendedResourceName

@@ -28,7 +28,9 @@ import lark
 from celpy import celparser
 from lark.exceptions import LarkError
 
-DOMAIN: Final = "gpu.nvidia.com"
+from dra_gpu import DRIVER_NAME
+
+DOMAIN: Final = DRIVER_NAME  # a driver qualifies its own attributes with its name
 _STRING_LITERAL: Final = re.compile(r"""^[rR]?(?P<q>'''|\"\"\"|'|")(?P<body>.*)(?P=q)$""", re.S)
 
 
