@@ -38,7 +38,6 @@ class ClassSource:
         self._path = path
         self._ern = extended_resource_name
         self._stamp: tuple[int, int, int] | None = None
-        self._file: classfile.ClassesFile | None = None
         self._lock = threading.Lock()
         self._desired = classfile.desired_classes(flag_extended_resource_name=self._ern, file=None)
 
@@ -79,7 +78,7 @@ class ClassSource:
         desired = classfile.desired_classes(flag_extended_resource_name=self._ern, file=parsed)
         with self._lock:
             changed = desired != self._desired
-            self._file, self._desired = parsed, desired
+            self._desired = desired
         log.info("classes file %s loaded: %d class(es)", self._path, len(parsed.classes))
         return changed
 
