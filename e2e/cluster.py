@@ -372,8 +372,7 @@ class Cluster:
             path = self._layout.log(name)
             if not path.is_file():
                 continue
-            text = path.read_text(errors="replace").splitlines()[-lines:]
-            parts.append(f"===== {name} ({path}) =====\n" + "\n".join(text))
+            parts.append(f"===== {name} ({path}) =====\n" + procs.log_tail(path, lines))
         return "\n".join(parts)
 
     # ----- internals ----------------------------------------------------------------------

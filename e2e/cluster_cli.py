@@ -142,7 +142,7 @@ def cmd_logs(_: argparse.Namespace) -> int:
         return 1
     for path in sorted((Path(state["workdir"]) / "logs").glob("*.log")):
         print(f"===== {path}")
-        print("\n".join(path.read_text(errors="replace").splitlines()[-40:]))
+        print(procs.log_tail(path))
     return 0
 
 

@@ -73,9 +73,7 @@ class ManagedProcess:
         return self._proc.returncode
 
     def log_tail(self, lines: int = 40) -> str:
-        if not self.log_path.is_file():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return procs.log_tail(self.log_path, lines)
 
 
 def _python_env() -> dict[str, str]:

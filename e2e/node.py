@@ -280,8 +280,9 @@ class Node:
         for name in ("containerd", "kubelet"):
             path = self.log_path(name)
             if path.is_file():
-                tail = path.read_text(errors="replace").splitlines()[-lines:]
-                parts.append(f"--- {name} ({path}), last {len(tail)} lines ---\n" + "\n".join(tail))
+                tail = procs.log_tail(path, lines)
+                count = len(tail.splitlines())
+                parts.append(f"--- {name} ({path}), last {count} lines ---\n{tail}")
         return "\n".join(parts)
 
     def cdi_specs(self) -> list[Path]:

@@ -129,6 +129,13 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a child's log file ("" while it does not exist)."""
+    if not path.is_file():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
 def leftover_processes(marker: str | Path) -> list[tuple[int, str]]:
     """(pid, command line) of every live process whose command line contains ``marker``."""
     marker = str(marker)
