@@ -1,7 +1,10 @@
-"""The ValidatingWebhookConfiguration that sends claims to the webhook (pure, for tests/charts).
+"""The ValidatingWebhookConfiguration that sends claims to a webhook run as a local process.
+
+The chart writes its own (a Service in front of the pods); this one, reached by URL, is for
+tests and benchmarks.
 
 Two webhooks, one endpoint. ``claims.``: ResourceClaims and ResourceClaimTemplates of
-``resource.k8s.io`` on CREATE and UPDATE, failure policy as configured. ``classes.``: DeviceClasses
+``resource.k8s.io`` on CREATE and UPDATE, failure policy Fail. ``classes.``: DeviceClasses
 (cluster-scoped), failure policy Ignore, so the DeviceClasses installed with the chart, before the
 webhook's pod is up, are never blocked (they carry no config to check). Both for ``v1`` only: with
 ``matchPolicy: Equivalent`` the API server converts requests made through older API versions to
@@ -24,23 +27,10 @@ def client_config_url(url: str, *, ca_bundle_pem: bytes) -> dict[str, Any]:
     return {"url": url, "caBundle": base64.b64encode(ca_bundle_pem).decode()}
 
 
-def client_config_service(
-    *, namespace: str, name: str, port: int, ca_bundle_pem: bytes
-) -> dict[str, Any]:
-    """``clientConfig`` for a webhook behind a Service (in-cluster deployment)."""
-    return {
-        "service": {"namespace": namespace, "name": name, "path": VALIDATE_PATH, "port": port},
-        "caBundle": base64.b64encode(ca_bundle_pem).decode(),
-    }
-
-
 def validating_webhook_configuration(
     name: str,
     client_config: dict[str, Any],
     *,
-    failure_policy: str = "Fail",
-    timeout_seconds: int = 10,
-    labels: dict[str, str] | None = None,
     namespaces: list[str] | None = None,
     class_selector: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -57,19 +47,19 @@ def validating_webhook_configuration(
         "matchPolicy": "Equivalent",
         "sideEffects": "None",
         "admissionReviewVersions": ["v1"],
-        "timeoutSeconds": timeout_seconds,
+        "timeoutSeconds": 10,
     }
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name, "labels": dict(labels or {})},
+        "metadata": {"name": name},
         "webhooks": [
             {
                 "name": WEBHOOK_NAME,
                 "clientConfig": client_config,
                 "rules": [_rule(["resourceclaims", "resourceclaimtemplates"], "Namespaced")],
                 "namespaceSelector": selector,
-                "failurePolicy": failure_policy,
+                "failurePolicy": "Fail",
                 **common,
             },
             {
