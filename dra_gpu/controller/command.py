@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _start_webhook(
     args: argparse.Namespace,
 ) -> tuple[serving.WebhookServer, certs.ReloadingContext]:
-    from dra_gpu.controller import admission, certs, serving
+    from dra_gpu.controller import admission, certs, registration, serving
 
     if (args.tls_cert_file is None) != (args.tls_key_file is None):
         raise SystemExit("--tls-cert-file and --tls-key-file go together")
@@ -122,7 +122,7 @@ def _start_webhook(
         "admission webhook listening on https://%s:%d%s",
         args.webhook_address,
         server.port,
-        "/validate",
+        registration.VALIDATE_PATH,
     )
     return server, context
 

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dra_gpu.controller.registration import VALIDATE_PATH
+
 log = logging.getLogger(__name__)
 
 MAX_BODY = 8 * 1024 * 1024  # AdmissionReviews carry an object and its old version (<= 3 MiB each)
@@ -53,7 +55,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._reply(404, b"not found", "text/plain")
 
     def do_POST(self) -> None:
-        if self.path.split("?", 1)[0] != "/validate":
+        if self.path.split("?", 1)[0] != VALIDATE_PATH:
             self._reply(404, b"not found", "text/plain")
             return
         length = int(self.headers.get("Content-Length") or 0)
