@@ -122,10 +122,6 @@ class Elector:
         self._renewed_at: float | None = None  # monotonic time of our last successful write
 
     @property
-    def identity(self) -> str:
-        return self._identity
-
-    @property
     def is_leader(self) -> bool:
         with self._lock:
             renewed = self._renewed_at
