@@ -28,6 +28,12 @@ class NodePaths:
     root: Path
 
     @property
+    def root_hash(self) -> str:
+        """Hex SHA-256 of the root: the host-wide names (cgroup, links, IPs) derive from it, so
+        nodes in different directories never share one."""
+        return hashlib.sha256(str(self.root).encode()).hexdigest()
+
+    @property
     def containerd_dir(self) -> Path:
         return self.root / "containerd"
 
@@ -132,25 +138,25 @@ state = {q(d / "state")}
 
 def bridge_name(paths: NodePaths) -> str:
     # Linux limits interface names to 15 bytes; the hash keeps concurrent nodes apart.
-    return "dragpu" + hashlib.sha256(str(paths.root).encode()).hexdigest()[:8]
+    return "dragpu" + paths.root_hash[:8]
 
 
 def cgroup_root(paths: NodePaths, name: str) -> str:
     """The node's cgroup parent: unique per node directory, so that two sessions running a node
     of the same name never kill or remove each other's containers."""
-    return f"/dra-gpu-{name}-" + hashlib.sha256(str(paths.root).encode()).hexdigest()[:8]
+    return f"/dra-gpu-{name}-" + paths.root_hash[:8]
 
 
 def node_link(paths: NodePaths) -> str:
     """Name of the interface carrying the node's IP."""
-    return "dragpuip" + hashlib.sha256(str(paths.root).encode()).hexdigest()[:7]
+    return "dragpuip" + paths.root_hash[:7]
 
 
 def node_ip(paths: NodePaths) -> str:
     """The node's InternalIP: kubelet refuses a loopback node IP, and the API server reaches the
     kubelet (logs, exec) at its InternalIP. An address of the benchmarking range 198.18.0.0/15 on
     an interface of its own is local to this host only and collides with no real network."""
-    digest = hashlib.sha256(str(paths.root).encode()).digest()
+    digest = bytes.fromhex(paths.root_hash)
     return f"198.18.{digest[0]}.{1 + digest[1] % 254}"
 
 
@@ -158,7 +164,7 @@ def pod_subnet(paths: NodePaths, *, taken: Iterable[str] = ()) -> str:
     """A /24 of 10.244.0.0/16 for the node's pods: derived from its directory, skipping subnets
     whose gateway address is already on this host (another node's bridge)."""
     used = set(taken)
-    first = int(hashlib.sha256(str(paths.root).encode()).hexdigest()[8:10], 16)
+    first = int(paths.root_hash[8:10], 16)
     for step in range(256):
         third = (first + step) % 256
         if f"10.244.{third}.1" not in used:
