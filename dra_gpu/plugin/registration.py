@@ -12,7 +12,6 @@ devices, so it is logged as an ERROR with the kubelet's reason.
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 import grpc
@@ -38,7 +37,6 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
             endpoint=str(dra_endpoint),
             supported_versions=list(SUPPORTED_VERSIONS),
         )
-        self.registered = threading.Event()
 
     def GetInfo(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.PluginInfo:
         log.debug("kubelet asked for plugin info")
@@ -49,12 +47,10 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
     ) -> pb.RegistrationStatusResponse:
         if request.plugin_registered:
             log.info("registered with the kubelet as %s", self._info.name)
-            self.registered.set()
         else:
             log.error(
                 "the kubelet REFUSED to register plugin %s: %s",
                 self._info.name,
                 request.error or "(no reason given)",
             )
-            self.registered.clear()
         return pb.RegistrationStatusResponse()
