@@ -96,10 +96,6 @@ class Publisher:
         """True while the API server has not answered since the last failure."""
         return self._outage
 
-    @property
-    def generation(self) -> int:
-        return self._generation
-
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
 
