@@ -181,9 +181,8 @@ def _diff(desired: Sequence[JSON], existing: Sequence[Existing], generation: int
         if have is None:
             creates.append(body)
         elif not is_up_to_date(body, have):
-            update = copy.deepcopy(body)
-            update["metadata"]["resourceVersion"] = have.resource_version
-            updates.append(update)
+            body["metadata"]["resourceVersion"] = have.resource_version  # ``stamp`` made a copy
+            updates.append(body)
     wanted = {body["metadata"]["name"] for body in desired}
     deletes = tuple(e for e in existing if e.name not in wanted)
     return Plan(generation, tuple(creates), tuple(updates), deletes)
@@ -234,7 +233,8 @@ def plan(
             for i, body in enumerate(desired)
         ]
 
-    unchanged = _diff(stamped(seen), current, seen)
-    if seen > 0 and not (unchanged.creates or unchanged.updates):
-        return unchanged
+    if seen > 0:  # a pool never published has no generation to keep
+        unchanged = _diff(stamped(seen), current, seen)
+        if not (unchanged.creates or unchanged.updates):
+            return unchanged
     return _diff(stamped(seen + 1), current, seen + 1)
