@@ -18,7 +18,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +88,6 @@ class ClassSource:
         return changed
 
 
-@dataclass(frozen=True)
-class PassResult:
-    plan: classes.Plan
-    failures: tuple[str, ...]
-
-
 class Reconciler:
     """Applies plans to the API server; remembers what the server accepted (see classes.plan)."""
 
@@ -104,7 +97,8 @@ class Reconciler:
         self._accepted: dict[str, str] = {}
         self._reported_conflicts: set[str] = set()
 
-    def reconcile_once(self) -> PassResult:
+    def reconcile_once(self) -> tuple[str, ...]:
+        """One pass; the calls that failed (retried sooner than the resync)."""
         existing = self._client.request("GET", CLASSES_PATH).get("items") or []
         desired = self._source.desired()
         plan = classes.plan(desired, existing, accepted=self._accepted)
@@ -134,7 +128,7 @@ class Reconciler:
                 log.error(
                     "DeviceClass %s: %s failed: %s", step.name, step.action.value, exc.message
                 )
-        return PassResult(plan, tuple(failures))
+        return tuple(failures)
 
     def _apply(self, step: classes.Step, spec: Any) -> None:
         path = f"{CLASSES_PATH}/{step.name}"
@@ -211,11 +205,11 @@ def run(
             continue
         last_pass, retry_at = now, float("inf")
         try:
-            result = reconciler.reconcile_once()
+            failed = bool(reconciler.reconcile_once())
         except errors.ApiError as exc:
             log.warning("listing DeviceClasses failed: %s", exc)
-            result = None
-        if result is None or result.failures:
+            failed = True
+        if failed:
             retry_at = now + 5.0
         # Bound the rate if someone keeps fighting over a class.
         stop.wait(0.2)
