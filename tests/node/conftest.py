@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from collection_output import terminal_log
 
-from e2e import binaries, images, procs
+from e2e import images, procs
 from e2e.cluster import Cluster
 from e2e.driver import Driver, PluginProcess, controller_process
 from e2e.node import Node
@@ -34,14 +34,14 @@ NODE_PROFILES = {"gpu-h200": "h200x8", "gpu-a100": "a100x4-mig"}
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build what a real node needs before any test runs, so no test's timeout pays for it:
-    Debian packages, containerd + runc, the kubelet (cgo), and the local images."""
+    Debian packages, containerd + runc, and the local images (the root conftest builds the
+    kubelet, with the other Kubernetes binaries)."""
     if session.config.option.collectonly:
         return
     if not any(NODE_TIER in Path(str(item.path)).resolve().parents for item in session.items):
         return
-    with terminal_log(session) as log:
+    with terminal_log(session):
         ensure_node_binaries()
-        binaries.ensure(("kubelet",), log=log)
         images.ensure_images(images.cache_dir())
 
 
