@@ -81,15 +81,15 @@ def make_backend(
     nvml_timeout_s: float,
     driver_root: Path = Path("/"),
 ) -> GpuBackend:
-    if simulate is not None:
-        from dra_gpu.devices import simulated
+    """The plugin's own choice of backend (a test replaces this to inject a fake NVML)."""
+    from dra_gpu.plugin import inventory
 
-        return simulated.SimulatedBackend(
-            profile=simulated.resolve_profile(simulate), node_name=node_name
-        )
-    from dra_gpu.devices import nvml
-
-    return nvml.NvmlBackend(call_timeout_s=nvml_timeout_s, driver_root=driver_root)
+    return inventory.backend_for(
+        simulate=simulate,
+        node_name=node_name,
+        driver_root=driver_root,
+        nvml_timeout_s=nvml_timeout_s,
+    )
 
 
 def render_table(devices: Sequence[Device]) -> str:
@@ -131,6 +131,8 @@ def render(output: str, *, devices: Sequence[Device], node_name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dra_gpu.plugin.inventory import InventoryError
+
     logging.basicConfig(stream=sys.stderr, format="dra-gpu discover: %(levelname)s: %(message)s")
     node_name = args.node_name or default_node_name()
     try:
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             nvml_timeout_s=args.nvml_timeout,
             driver_root=args.driver_root or default_driver_root(),
         )
-    except ValueError as e:  # unknown profile, bad profile file
+    except InventoryError as e:  # unknown profile, bad profile file
         print(f"dra-gpu discover: {e}", file=sys.stderr)
         return 2
     discovery: Discovery = backend.discover()

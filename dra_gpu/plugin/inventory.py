@@ -35,12 +35,17 @@ class InventoryError(RuntimeError):
 
 
 def backend_for(
-    *, simulate: str | None, node_name: str, driver_root: Path = Path("/")
+    *,
+    simulate: str | None,
+    node_name: str,
+    driver_root: Path = Path("/"),
+    nvml_timeout_s: float = 10.0,
 ) -> GpuBackend:
+    """The simulated backend for ``--simulate``, else NVML; raises InventoryError."""
     if simulate is None:
         from dra_gpu.devices import nvml  # pynvml only on real nodes
 
-        return nvml.NvmlBackend(driver_root=driver_root)
+        return nvml.NvmlBackend(driver_root=driver_root, call_timeout_s=nvml_timeout_s)
     from dra_gpu.devices import simulated
 
     try:
