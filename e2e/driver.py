@@ -98,16 +98,18 @@ def plugin_argv(
     *,
     node_name: str,
     kubeconfig: Path,
-    profile: str,
+    profile: str | None,
     dirs: PluginDirs,
     healthz_port: int = 0,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The kubelet plugin's command line on simulated GPUs; ``extra``: more flags (e.g.
-    ``--pod-uid``, ``--log-level``). Healthz port 0 turns /healthz off."""
+    """The kubelet plugin's command line: on simulated GPUs of ``profile``, or on the machine's
+    real GPUs through NVML when ``profile`` is None; ``extra``: more flags (e.g. ``--pod-uid``,
+    ``--driver-root``). Healthz port 0 turns /healthz off."""
+    simulate = ("--simulate", profile) if profile is not None else ()
     return [
         *(sys.executable, "-m", "dra_gpu", "kubelet-plugin"),
-        *("--node-name", node_name, "--kubeconfig", str(kubeconfig), "--simulate", profile),
+        *("--node-name", node_name, "--kubeconfig", str(kubeconfig), *simulate),
         *("--plugin-registry-dir", str(dirs.registry), "--plugin-data-dir", str(dirs.data)),
         *("--cdi-root", str(dirs.cdi_root), "--state-dir", str(dirs.state)),
         *("--healthz-port", str(healthz_port)),
@@ -121,10 +123,11 @@ class PluginProcess(ManagedProcess):
         *,
         node_name: str,
         kubeconfig: Path,
-        profile: str,
+        profile: str | None,
         dirs: PluginDirs,
         log_path: Path,
         healthz_port: int = 0,
+        extra: Sequence[str] = (),
     ) -> None:
         argv = plugin_argv(
             node_name=node_name,
@@ -132,15 +135,23 @@ class PluginProcess(ManagedProcess):
             profile=profile,
             dirs=dirs,
             healthz_port=healthz_port,
+            extra=extra,
         )
         super().__init__(f"plugin[{node_name}]", argv, log_path, _python_env())
         self.node_name, self.profile, self.dirs = node_name, profile, dirs
 
     @classmethod
     def for_node(
-        cls, node: Node, *, kubeconfig: Path, profile: str, healthz_port: int = 0
+        cls,
+        node: Node,
+        *,
+        kubeconfig: Path,
+        profile: str | None,
+        healthz_port: int = 0,
+        extra: Sequence[str] = (),
     ) -> PluginProcess:
-        """A plugin for a real node: the kubelet's registry/plugins dirs, containerd's CDI dir."""
+        """A plugin for a real node: the kubelet's registry/plugins dirs, containerd's CDI dir;
+        ``profile`` None: the node's real GPUs (NVML)."""
         dirs = PluginDirs(
             registry=node.paths.plugin_registry_dir,
             data=node.paths.plugins_dir / DRIVER_NAME,
@@ -154,6 +165,7 @@ class PluginProcess(ManagedProcess):
             dirs=dirs,
             log_path=node.paths.logs / "plugin.log",
             healthz_port=healthz_port,
+            extra=extra,
         )
 
     @classmethod

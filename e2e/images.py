@@ -161,6 +161,11 @@ def _write_atomic(path: Path, data: bytes) -> None:
     Path(f.name).replace(path)
 
 
+def write_archive(path: Path, spec: ImageSpec) -> None:
+    """Write ``spec`` as a docker-archive at ``path``, atomically."""
+    _write_atomic(path, docker_archive(spec))
+
+
 def cache_dir() -> Path:
     """Where the node harness keeps the archives (bump the suffix when their content changes)."""
     return cache_root() / "images-v1"

@@ -98,7 +98,7 @@ class Node:
             node_cleanup.create_cgroup(self.cgroup_root)
             node_cleanup.add_address_link(node_link(self.paths), self.ip)
             self._start_containerd()
-            self._import_images(archives)
+            self.import_archives(archives)
             self._start_kubelet(kubelet)
             self._wait_ready(deadline=started + timeout)
         except BaseException:
@@ -208,7 +208,7 @@ class Node:
             [*argv, "--namespace", "k8s.io", *args], capture_output=True, text=True, check=check
         )
 
-    def _import_images(self, archives: dict[str, Path]) -> None:
+    def import_archives(self, archives: dict[str, Path]) -> None:
         present = set(self.ctr("images", "list", "--quiet").stdout.split())
         for name, archive in archives.items():
             if name not in present:

@@ -147,11 +147,15 @@ class NodeBinaries:
 
 
 def ensure_node_binaries() -> NodeBinaries:
-    ensure_debian_packages()
+    # A machine prepared without apt or Go (the GPU machines: e2e.gpu.stage) names its own CNI
+    # plugin directory and brings everything else in the cache.
+    staged_cni = os.environ.get("DRA_GPU_CNI_BIN_DIR")
+    if not staged_cni:
+        ensure_debian_packages()
     return NodeBinaries(
         containerd_dir=ensure_built(CONTAINERD),
         runc=ensure_built(RUNC) / "runc",
-        cni_bin_dir=CNI_BIN_DIR,
+        cni_bin_dir=Path(staged_cni) if staged_cni else CNI_BIN_DIR,
     )
 
 

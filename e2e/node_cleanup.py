@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from e2e import netlink
+
 RECORD = "node.json"
 
 
@@ -185,24 +187,21 @@ def pids_with_arg(needle: str) -> list[int]:
 
 
 def delete_link(name: str) -> None:
-    subprocess.run(["ip", "link", "delete", name], capture_output=True, check=False)
+    netlink.delete_link(name)
 
 
 def add_address_link(name: str, address: str) -> None:
     """An interface holding ``address``/32: a host-local IP that no network can reach.
 
     A port-less bridge, since these VMs' kernels have no ``dummy`` module; local delivery works.
+    Made over rtnetlink, not with ``ip``, which GPU machines often lack.
     """
     delete_link(name)  # a leftover of a killed run
-    for argv in (
-        ["ip", "link", "add", name, "type", "bridge"],
-        ["ip", "addr", "add", f"{address}/32", "dev", name],
-        ["ip", "link", "set", name, "up"],
-    ):
-        subprocess.run(argv, capture_output=True, check=True)
+    netlink.add_bridge(name)
+    netlink.add_ipv4(name, address, 32)
+    netlink.set_up(name)
 
 
 def host_addresses() -> list[str]:
     """IPv4 addresses configured on this host's interfaces."""
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True)
-    return [f.split("/")[0] for line in out.stdout.splitlines() for f in line.split()[3:4]]
+    return netlink.ipv4_addresses()

@@ -1,0 +1,90 @@
+"""The GPU node demo's pieces that run without a GPU: log parsing, staging, and a clear refusal.
+
+Cases: a claim pod's report is parsed into device count, UUIDs and nvidia-smi's list; a pod
+without a driver parses as zero devices; the staged archive's parts join back into the same
+files and their manifest verifies with ``sha256sum -c`` (what the GPU machine runs); a missing
+part is detected; the demo on a machine without NVML exits 2 naming why.
+"""
+
+from __future__ import annotations
+
+import io
+import lzma
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from e2e.gpu import demo, stage
+
+ONE = """cuda-driver: 13.0
+cuda-devices: 1
+cuda-device 0: uuid=GPU-b89a1853-a419-1a9e-796f-e896f3c05262 memory=150754820096 name=NVIDIA H200
+nvidia-smi:
+GPU 0: NVIDIA H200 (UUID: GPU-b89a1853-a419-1a9e-796f-e896f3c05262)
+check-done
+"""
+NONE = """cuda-driver: none (libcuda.so.1: cannot open shared object file)
+cuda-devices: 0
+nvidia-smi:
+/bin/sh: nvidia-smi: not found
+check-done
+"""
+
+
+def test_a_claim_pods_report_gives_its_device() -> None:
+    seen = demo.parse_log("cuda-one", ONE)
+    assert seen.cuda_devices == 1
+    assert seen.cuda_uuids == ("GPU-b89a1853-a419-1a9e-796f-e896f3c05262",)
+    assert seen.cuda_names == ("NVIDIA H200",)
+    assert seen.smi_uuids == seen.cuda_uuids
+
+
+def test_a_pod_without_a_driver_reports_no_device() -> None:
+    seen = demo.parse_log("cuda-none", NONE)
+    assert (seen.cuda_devices, seen.cuda_uuids, seen.smi_uuids) == (0, (), ())
+
+
+def test_an_unfinished_report_is_not_a_zero() -> None:
+    assert demo.parse_log("x", "cuda-driver: 13.0\n").cuda_devices == -1
+
+
+def _stage(tmp_path: Path, *, part_bytes: int) -> tuple[list[Path], dict[str, bytes]]:
+    files = {f"cache/k8s/bin{i}": bytes(range(256)) * (40 + i) for i in range(5)}
+    sources = []
+    for name, data in files.items():
+        src = tmp_path / "src" / name
+        src.parent.mkdir(parents=True, exist_ok=True)
+        src.write_bytes(data)
+        sources.append(stage.Item(src, name))
+    return stage.write_parts(sources, tmp_path / "out", part_bytes=part_bytes), files
+
+
+def test_staged_parts_join_back_into_the_same_files(tmp_path: Path) -> None:
+    parts, files = _stage(tmp_path, part_bytes=200)
+    assert len(parts) > 1
+    joined = b"".join(p.read_bytes() for p in parts)
+    with tarfile.open(fileobj=io.BytesIO(lzma.decompress(joined))) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    assert got == files
+    check = subprocess.run(["sha256sum", "-c", "manifest"], cwd=tmp_path / "out")
+    assert check.returncode == 0
+
+
+def test_a_missing_part_fails_the_manifest_check(tmp_path: Path) -> None:
+    parts, _ = _stage(tmp_path, part_bytes=200)
+    parts[-1].unlink()
+    check = subprocess.run(
+        ["sha256sum", "--quiet", "-c", "manifest"], cwd=tmp_path / "out", capture_output=True
+    )
+    assert check.returncode != 0
+
+
+def test_the_demo_without_a_gpu_says_why_and_exits_2() -> None:
+    if demo.nvml_present() is None:
+        return  # a GPU machine: the demo would run for real
+    result = subprocess.run(
+        [sys.executable, "-m", "e2e.gpu.demo"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "cannot run: NVML" in result.stderr
