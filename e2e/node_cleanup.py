@@ -161,14 +161,22 @@ def remove_cgroup(name: str) -> None:
 
 
 def create_cgroup(name: str) -> None:
-    """Create cgroup ``name`` in every hierarchy; v1 cpusets start empty, so copy the parent's."""
+    """Create cgroup ``name`` in every hierarchy (cgroup v1, hybrid or v2 only)."""
     for hierarchy in cgroup_hierarchies():
-        directory = hierarchy / name.lstrip("/")
-        directory.mkdir(parents=True, exist_ok=True)
-        for knob in ("cpuset.cpus", "cpuset.mems"):
-            own = directory / knob
-            if own.exists() and not own.read_text().strip():
-                own.write_text((directory.parent / knob).read_text())
+        create_in_hierarchy(hierarchy, name)
+
+
+def create_in_hierarchy(hierarchy: Path, name: str) -> Path:
+    """Create ``name`` under one mounted hierarchy. A v1 cpuset starts empty and refuses tasks,
+    so it gets its parent's CPUs and memory nodes; in v2 an empty ``cpuset.cpus`` means "the
+    parent's", and the root there has no such file to copy (the GPU machines are v2 only)."""
+    directory = hierarchy / name.lstrip("/")
+    directory.mkdir(parents=True, exist_ok=True)
+    for knob in ("cpuset.cpus", "cpuset.mems"):
+        own, parent = directory / knob, directory.parent / knob
+        if own.exists() and parent.exists() and not own.read_text().strip():
+            own.write_text(parent.read_text())
+    return directory
 
 
 def pids_with_arg(needle: str) -> list[int]:
