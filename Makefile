@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format typecheck unit protos clean venv
+.PHONY: demo demo-gpu test lint format typecheck unit protos clean venv
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m e2e.demo
+
+# The same on a machine with an NVIDIA GPU: one real node on NVML, CUDA in pods checks what it got.
+demo-gpu: $(STAMP)
+	$(PY) -m e2e.gpu.demo
 
 test: $(STAMP)
 	$(MAKE) lint typecheck
