@@ -36,7 +36,7 @@ import pytest
 from dra_gpu.controller import classes, registration
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient, connect
-from e2e import probes, procs, waiting
+from e2e import helm, probes, procs, waiting
 from e2e.cluster import Cluster
 
 NS = "dra-gpu-controller-test"
@@ -158,7 +158,7 @@ def claim(
 
 
 def register_webhook(client: KubeClient, port: int, ca: Path) -> None:
-    config = registration.validating_webhook_configuration(
+    config = helm.webhook_configuration(
         WEBHOOK_CONFIG,
         registration.client_config_url(
             f"https://127.0.0.1:{port}/validate", ca_bundle_pem=ca.read_bytes()

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from dra_gpu.controller import admission, bounded_json, certs, registration, serving
+from dra_gpu.controller import admission, bounded_json, certs, serving
 
 
 @pytest.fixture
@@ -147,21 +147,6 @@ def test_rotated_certificate_is_reloaded(tmp_path: Path) -> None:
     files.cert.write_bytes(rotated.cert.read_bytes())
     files.key.write_bytes(rotated.key.read_bytes())
     assert ctx.maybe_reload() is True
-
-
-def test_registration_limits_namespaces_and_carries_ca() -> None:
-    cfg = registration.validating_webhook_configuration(
-        "x",
-        registration.client_config_url("https://127.0.0.1:1/validate", ca_bundle_pem=b"PEM"),
-        namespaces=["t1"],
-    )
-    claims, classes = cfg["webhooks"]
-    assert claims["clientConfig"]["caBundle"] == "UEVN"
-    assert claims["namespaceSelector"]["matchExpressions"][0]["values"] == ["t1"]
-    assert claims["sideEffects"] == "None" and claims["failurePolicy"] == "Fail"
-    # DeviceClasses the chart installs before the webhook runs must never be blocked.
-    assert classes["rules"][0]["resources"] == ["deviceclasses"]
-    assert classes["rules"][0]["scope"] == "Cluster" and classes["failurePolicy"] == "Ignore"
 
 
 def nested(depth: int) -> Any:
