@@ -14,6 +14,7 @@ the reviewer is logged at ERROR with its traceback and answered with a refusal n
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import logging
@@ -133,6 +134,30 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     reviewer: Reviewer
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def close_open_connections(self) -> None:
+        """End every kept-alive connection: a stopped server must not go on answering on them
+        (the API server then reconnects, through the Service, to a replica that still serves)."""
+        with self._open_lock:
+            open_now = list(self._open)
+        for sock in open_now:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # TLS failures of probing clients are routine; never print tracebacks for them.
         log.info("webhook connection from %s failed", client_address)
@@ -168,4 +193,5 @@ class WebhookServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self._server.close_open_connections()
         self._thread.join(timeout=5)

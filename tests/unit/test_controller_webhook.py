@@ -265,3 +265,18 @@ def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
     assert bounded_json.loads(text, max_depth=3) == bounded_json.Decoded(
         {"s": json.loads(text)["s"], "t": [[None]]}, cut=True
     )
+
+
+def test_stopped_server_closes_kept_alive_connections(tmp_path: Path) -> None:
+    files = certs.ensure_self_signed(tmp_path / "certs")
+    srv = serving.WebhookServer(
+        host="127.0.0.1", port=0, context=certs.server_context(files), reviewer=admission.review
+    )
+    srv.start()
+    conn = client(srv, files.ca)
+    assert post(conn, json.dumps(review("before")).encode())[0] == 200
+    srv.stop()
+    # Not answered by a server that was stopped (the API server would otherwise keep using it).
+    with pytest.raises((ConnectionError, http.client.HTTPException, ssl.SSLError, OSError)):
+        post(conn, json.dumps(review("after")).encode())
+    conn.close()
