@@ -10,6 +10,8 @@
 
 CLI: ``python -m e2e.helm`` prints the helm path (building it first when needed);
 ``python -m e2e.helm render`` rewrites ``manifests/rendered/`` from the chart.
+- ``webhook_configuration()``: the chart's ValidatingWebhookConfiguration pointed at a webhook
+  run as a local process (tests, benchmarks), so they exercise the chart's own match conditions.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from e2e.binaries import build_lock, cache_root, module_version, run_go
 
@@ -123,6 +128,40 @@ def render_committed() -> dict[Path, str]:
     return {
         RENDERED_DIR / name: header + render(set_values=values) for name, values in RENDERED.items()
     }
+
+
+def webhook_configuration(
+    name: str,
+    client_config: Mapping[str, Any],
+    *,
+    namespaces: Sequence[str],
+    class_selector: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The chart's ValidatingWebhookConfiguration (its webhooks, rules and match conditions as
+    rendered) sent to ``client_config`` instead of the chart's Service: a webhook run as a local
+    process. Limited to ``namespaces`` (on top of the chart's own namespace selector) and to
+    DeviceClasses matching ``class_selector``, so tests and benchmarks on a shared cluster leave
+    everything else alone."""
+    rendered = render(set_values={"webhook.enabled": True, "webhook.tls.caBundle": "Cg=="})
+    (config,) = [
+        doc
+        for doc in yaml.safe_load_all(rendered)
+        if doc and doc["kind"] == "ValidatingWebhookConfiguration"
+    ]
+    config["metadata"] = {"name": name}
+    only_these = {
+        "key": "kubernetes.io/metadata.name",
+        "operator": "In",
+        "values": list(namespaces),
+    }
+    for webhook in config["webhooks"]:
+        webhook["clientConfig"] = dict(client_config)
+        if "namespaceSelector" in webhook:
+            webhook["namespaceSelector"]["matchExpressions"].append(only_these)
+        else:
+            webhook["objectSelector"] = dict(class_selector)
+    result: dict[str, Any] = config
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:

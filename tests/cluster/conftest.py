@@ -11,7 +11,7 @@ from collection_output import terminal_log
 
 from e2e import helm
 
-NEEDS_HELM = ("test_manifests.py",)
+NEEDS_HELM = ("test_manifests.py", "test_controller.py", "test_webhook_outage.py")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
