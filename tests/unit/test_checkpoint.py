@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from dra_gpu.plugin import atomicfile
 from dra_gpu.plugin.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -32,6 +33,7 @@ from dra_gpu.plugin.checkpoint import (
     CheckpointTooNew,
     ClaimRecord,
     DeviceRecord,
+    encode,
     read_boot_id,
 )
 
@@ -244,3 +246,24 @@ def test_change_with_same_file_identity_is_seen_through_the_token(tmp_path: Path
         before.st_mtime_ns,
     )
     assert set(a.load().claims) == {"uid-2"}
+
+
+def test_temp_files_of_a_live_writer_are_kept(tmp_path: Path) -> None:
+    """Another instance (its own PID namespace, maybe the same PID) is mid-commit: its temp file
+    goes only when the sweep gets the lock, and by then the writer has renamed it."""
+    store = CheckpointStore(tmp_path)
+    store.update(add("uid-1"), durable=True)
+    dead = tmp_path / f".checkpoint.json.tmp-{os.getpid()}"
+    dead.write_bytes(b"{half a fi")
+    live = tmp_path / ".checkpoint.json.tmp-1"
+    swept: list[int] = []
+    sweeper = threading.Thread(target=lambda: swept.append(store.remove_temp_files()))
+    with atomicfile.locked(tmp_path / "checkpoint.lock"):  # what the other writer holds
+        live.write_bytes(encode(Checkpoint().with_claim("uid-2", RECORD)))
+        sweeper.start()
+        sweeper.join(0.5)
+        assert sweeper.is_alive() and live.exists() and dead.exists()
+        os.replace(live, tmp_path / "checkpoint.json")
+    sweeper.join(10)
+    assert swept == [1] and not dead.exists()
+    assert set(CheckpointStore(tmp_path).load().claims) == {"uid-2"}
