@@ -107,8 +107,10 @@ def conflicts(planned: PlannedDevice, *, other_uid: str, other: ClaimRecord) -> 
             continue
         if planned.admin_access or held.admin_access:
             continue  # admin access is never exclusive
-        if planned.share_id and held.share_id:
-            continue  # both allocations say the device is shared
+        if planned.share_id and (held.share_id or other.from_spec):
+            # Both allocations say the device is shared; a record rebuilt from a spec does not
+            # know its share ID, so there the new allocation's word decides.
+            continue
         return (
             f"device {held.device} is already prepared for claim "
             f"{other.namespace}/{other.name} ({other_uid}) and is not shared"
@@ -121,9 +123,10 @@ def record_from_spec(uid: ClaimUID, spec: Mapping[str, Any], *, pool: str) -> Cl
 
     The spec names the claim's devices (``<uid>-<device>``), and its environment the claim
     (``<ns>/<name>``) and each device's UUID, type, product and MIG profile. It does not hold the
-    request names, share IDs or config: the record is marked ``from_spec``, counts as not shared
-    in the conflict check, and a repeated prepare plans the claim again instead of answering
-    from it. Specs are only written for devices of this node, so ``pool`` is this node's.
+    request names, share IDs or config: the record is marked ``from_spec``, its devices are
+    shared in the conflict check only with allocations that carry a share ID, and a repeated
+    prepare plans the claim again instead of answering from it. Specs are only written for
+    devices of this node, so ``pool`` is this node's.
     """
     if spec.get("kind") != cdi.KIND:
         raise ValueError(f"kind is {spec.get('kind')!r}, not {cdi.KIND!r}")

@@ -16,7 +16,7 @@ Cases:
   temp file (checkpoint or CDI spec) and the repeated prepare succeeds;
 - a corrupt checkpoint, then another restart: every prepared claim keeps its spec, gets its
   record back from the spec, still holds its devices against other claims, answers a repeated
-  prepare in full and unprepares;
+  prepare in full and unprepares; claims sharing a device both prepare again;
 - start with the state disk full (a small tmpfs; needs root): the plugin starts and says why it
   cannot write, prepared claims are answered, new prepares fail naming the error, and all works
   again once there is space.
@@ -296,6 +296,15 @@ def test_corrupt_checkpoint_then_restart_keeps_every_prepared_claim(env: Env) ->
     assert not records["u1"].from_spec and not records["u2"].from_spec
     assert restarted.unprepare([ref("u1"), ref("u2")]) == {"u1": "", "u2": ""}
     assert env.specs() == set() and env.checkpoint_claims() == {}
+
+
+def test_claims_sharing_a_device_both_prepare_again_after_a_corrupt_checkpoint(env: Env) -> None:
+    env.fetcher.add(claim("a", [result("gpu-0", share_id="s1")]))
+    env.fetcher.add(claim("b", [result("gpu-0", share_id="s2")]))
+    answers = env.state().prepare([ref("a"), ref("b")])
+    (env.state_dir / "checkpoint.json").write_text("{not json")
+    env.state().start()
+    assert env.state().prepare([ref("a"), ref("b")]) == answers
 
 
 def test_corrupt_checkpoint_is_reported_and_serving_continues(env: Env) -> None:
