@@ -330,7 +330,7 @@ class DeviceState:
         """Restore after a restart or reboot (see the module docstring); never raises on state.
 
         The caller holds the node-wide call lock (a rolling update's other instance must not be
-        in a call meanwhile). Raises only CheckpointTooNew (a downgrade: touch nothing).
+        in a call meanwhile). Raises CheckpointTooNew (a downgrade: touch nothing).
         """
         corrupt: str | None = None
         try:

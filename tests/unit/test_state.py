@@ -7,8 +7,8 @@ Cases:
 - claims in one call are independent; each bad input is that claim's error only;
 - a device prepared for one claim is refused to another unless both allocations share it;
 - start after a restart: interrupted prepares rolled back, missing specs rebuilt, every spec
-  rebuilt after a reboot (new boot ID), orphan specs removed, a corrupt checkpoint reported and
-  moved aside while specs are kept;
+  rebuilt after a reboot (new boot ID), a spec without a record adopted (record rebuilt from
+  it), a corrupt checkpoint reported and moved aside while specs are kept;
 - a crash at each fault step (the on-disk state at that moment, restarted): the repeated call
   succeeds, no spec leaks or is duplicated, the checkpoint is valid;
 - many claims prepared in parallel all succeed;
