@@ -8,7 +8,8 @@ Cases:
 - a device prepared for one claim is refused to another unless both allocations share it;
 - start after a restart: interrupted prepares rolled back, missing specs rebuilt, every spec
   rebuilt after a reboot (new boot ID), a spec without a record adopted (record rebuilt from
-  it), a corrupt checkpoint reported and moved aside while specs are kept;
+  it; one that cannot be read back reported and kept), a corrupt checkpoint reported and moved
+  aside while specs are kept;
 - a crash at each fault step (the on-disk state at that moment, restarted): the repeated call
   succeeds, no spec leaks or is duplicated, the checkpoint is valid;
 - many claims prepared in parallel all succeed;
@@ -296,6 +297,18 @@ def test_corrupt_checkpoint_then_restart_keeps_every_prepared_claim(env: Env) ->
     assert not records["u1"].from_spec and not records["u2"].from_spec
     assert restarted.unprepare([ref("u1"), ref("u2")]) == {"u1": "", "u2": ""}
     assert env.specs() == set() and env.checkpoint_claims() == {}
+
+
+def test_a_spec_that_cannot_be_read_back_is_reported_and_kept(env: Env) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    env.state().prepare([ref("u1")])
+    stray = cdi.spec_path(env.cdi_root, ClaimUID("stray"))
+    stray.write_text(cdi.spec_path(env.cdi_root, ClaimUID("u1")).read_text())  # names u1's devices
+    report = env.state().start()
+    assert report.adopted == () and stray.exists()
+    [(reason, message)] = env.reports
+    assert reason == "CDISpecUnreadable" and "is not a device of claim stray" in message
+    assert env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
 
 
 def test_claims_sharing_a_device_both_prepare_again_after_a_corrupt_checkpoint(env: Env) -> None:
