@@ -2,8 +2,9 @@
 
 Start order (each step needs the one before):
 1. Publisher (its API round trips overlap with the rest of start-up).
-2. DRA server on the DRA socket: DRAPlugin v1 + v1beta1 (calls serialized by the node-wide
-   file lock), DRAResourceHealth v1 + v1alpha1, grpc.health.v1.
+2. DRA server on the DRA socket: restore the prepare state (under the node-wide file lock that
+   also serializes rolling-update instances' DRA calls), then DRAPlugin v1 + v1beta1,
+   DRAResourceHealth v1 + v1alpha1, grpc.health.v1.
 3. Registration server on the registry socket. It must come last: the kubelet connects to the
    DRA endpoint as soon as registration succeeds.
 4. HTTP /healthz, when a port is configured.
@@ -163,7 +164,12 @@ class NodePlugin:
             futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"),
             interceptors=interceptors,
         )
-        self._register_dra(server)
+        # Start-up recovery (run by register_dra) rolls back PrepareStarted records and sweeps
+        # temp files: in a rolling update, the other instance's call in progress looks exactly
+        # like a crash's leftovers. Recovery therefore takes its turn in the same node-wide
+        # order as every DRA call, so it only ever sees what a finished call left.
+        with call_lock.held(self._paths.lock):
+            self._register_dra(server)
         device_health.add_to_server(server, self.health)
         server.add_generic_rpc_handlers((grpc_health.handler(lambda: self.problem() is None),))
         self._serve(server, self._paths.dra)
