@@ -112,7 +112,7 @@ def _expect_str(parameters: Mapping[str, object], field: str, accepted: Iterable
     return value
 
 
-def parse_opaque_config(parameters: Mapping[str, object]) -> v1beta1.DeviceConfig:
+def parse_opaque_config(parameters: object) -> v1beta1.DeviceConfig:
     """Decode ``config[].opaque.parameters`` of this driver; raises :class:`ConfigError`.
 
     The result is as written by the user (not normalized); see :func:`v1beta1.normalized`.
