@@ -243,6 +243,46 @@ def test_errors_echo_at_most_a_short_part_of_the_input(params: dict[str, Any]) -
     assert "5000 characters" in str(info.value) or "and 980 more problems" in str(info.value)
 
 
+def nested(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+DEEP = nested(5000)  # about 10 KiB of JSON, the most an opaque config may hold
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        pytest.param(
+            {"apiVersion": DEEP, "kind": "GpuConfig"}, "apiVersion: unsupported value a list"
+        ),
+        pytest.param(gpu(kind=DEEP), "kind: unsupported value a list", id="kind"),
+        pytest.param(
+            gpu(sharing={"strategy": DEEP}), "sharing.strategy: must be one of", id="strategy"
+        ),
+        pytest.param(
+            gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": DEEP}}),
+            "sharing.timeSlicingConfig.interval: must be one of",
+            id="interval",
+        ),
+        pytest.param(gpu(x=DEEP), "x: unknown field", id="unknown-field"),
+        pytest.param(
+            mps_limit(DEEP), "defaultPinnedDeviceMemoryLimit: Input should be", id="quantity"
+        ),
+    ],
+)
+def test_deeply_nested_values_are_refused_by_name(params: dict[str, Any], message: str) -> None:
+    # Quoting the value in the message used its repr, which raised RecursionError: an internal
+    # error in prepare, no answer from the webhook.
+    with pytest.raises(ConfigError) as info:
+        parse_opaque_config(params)
+    assert message in str(info.value)
+    assert len(str(info.value)) < 200
+
+
 def test_every_problem_is_reported() -> None:
     with pytest.raises(ConfigError) as info:
         parse_opaque_config(gpu(a=1, b=2))

@@ -3,7 +3,8 @@ alike, neither crashes, and every refusal names the field it refuses.
 
 Inputs: configs close to valid ones (each field drawn from valid values, near misses such as
 ``"1Gi\\n"``, ``-1Gi``, ``1e999999``, keys with newlines, unknown fields, values of the wrong
-type, very long strings) and arbitrary JSON, at the top and in place of any field.
+type, very long strings, lists nested thousands of levels deep) and arbitrary JSON, at the top
+and in place of any field.
 
 Properties, for every input ``parameters``:
 - the webhook (:func:`admission.review` of a ResourceClaim carrying it) allows it exactly when
@@ -52,6 +53,14 @@ API = "resource.nvidia.com/v1beta1"
 
 # --- inputs ------------------------------------------------------------------------------------
 
+
+def nested(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 LONG = st.integers(min_value=65, max_value=6000).map(lambda n: "x" * n)
 TEXT = st.one_of(st.text(max_size=20), LONG, st.sampled_from(["", "\n", "0\n", "GPU-\n", "\x00"]))
 JSON_LEAF = st.one_of(
@@ -62,6 +71,7 @@ JSON_LEAF = st.one_of(
     st.sampled_from([10**4000, -(10**4000)]),  # json.loads refuses over 4300 digits
     st.floats(allow_nan=False, allow_infinity=False),
     TEXT,
+    st.integers(min_value=900, max_value=5000).map(nested),  # deep: repr() of it fails
 )
 ANY_JSON = st.recursive(
     JSON_LEAF,
@@ -155,8 +165,12 @@ PARAMETERS = st.one_of(
     VALID_PARAMETERS,
     fields(
         {
-            "apiVersion": st.sampled_from([API, API, API, "resource.nvidia.com/v1", API + "\n"]),
-            "kind": st.sampled_from(["GpuConfig", "MigDeviceConfig", "GpuConfig\n", "TpuConfig"]),
+            "apiVersion": maybe(
+                st.sampled_from([API, API, API, "resource.nvidia.com/v1", API + "\n"])
+            ),
+            "kind": maybe(
+                st.sampled_from(["GpuConfig", "MigDeviceConfig", "GpuConfig\n", "TpuConfig"])
+            ),
         },
         {"sharing": SHARING},
     ),
