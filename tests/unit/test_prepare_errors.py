@@ -4,11 +4,13 @@ Cases:
 - bad input (an invalid config, a quantity with a huge exponent, a config of the wrong kind, a
   device that is gone) is the user's to fix: the claim's error names the field, says nothing of
   an "internal error", and the log has one WARNING line per claim without a traceback;
+- a claim too deeply nested for Python's JSON decoder (the API server takes deeper) is the same;
 - a true internal error (a bug, here a fetcher that raises) keeps its traceback at ERROR.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from fake_claims import (
     result,
 )
 
+from dra_gpu.plugin import claims
 from dra_gpu.plugin.ids import ClaimUID
 from dra_gpu.plugin.plan import ClaimRef
 
@@ -96,3 +99,22 @@ def test_an_internal_error_keeps_its_traceback(
     assert "internal error: RuntimeError: a bug" in error
     (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert record.exc_info is not None
+
+
+class _DeepJsonClient:
+    """Answers the claim GET the way KubeClient does: json.loads of the server's body."""
+
+    def request(self, method: str, path: str) -> Any:
+        # 10 KiB of parameters nested 5,000 deep: the API server takes it (its limit is 10,000).
+        return json.loads('{"spec": {"p": ' + "[" * 5000 + "]" * 5000 + "}}")
+
+
+def test_a_claim_too_deep_to_decode_is_a_warning_not_an_internal_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fetcher = claims.KubeClaimFetcher(_DeepJsonClient())  # type: ignore[arg-type]
+    state = device_state(tmp_path, devices=inventory(), claims=fetcher)  # type: ignore[arg-type]
+    error = state.prepare([REF])[REF.uid].error
+    assert "claim default/claim-bad cannot be read: it is nested too deeply" in error
+    assert "internal error" not in error
+    assert [r.levelname for r in caplog.records if "failed" in r.getMessage()] == ["WARNING"]
