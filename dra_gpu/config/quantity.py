@@ -97,7 +97,10 @@ def to_bytes(text: str) -> int:
 
 
 def _as_text(value: object) -> object:
-    # Kubernetes accepts a plain JSON integer for a Quantity; keep the canonical string form.
+    # Kubernetes accepts a plain JSON number for a Quantity (it parses the number's text); keep
+    # a string form. A float's repr is the shortest text that reads back as the same number.
+    if isinstance(value, float):
+        return repr(value)
     if isinstance(value, int) and not isinstance(value, bool):
         if value.bit_length() > 64:  # str() of a huge int is itself refused, so say it here
             raise QuantityError(f"must be at most {MAX_VALUE} (8Ei - 1), got {shown(value)}")
@@ -126,7 +129,7 @@ def _validate_memory_limit(value: object) -> object:
 _JSON_SCHEMA: Final = {
     "anyOf": [
         {"type": "string", "pattern": _QUANTITY_RE.pattern},
-        {"type": "integer", "minimum": 0, "maximum": MAX_VALUE},
+        {"type": "number", "minimum": 0, "maximum": MAX_VALUE},
     ],
     "description": "Kubernetes quantity, e.g. '512Mi' or '1G'",
 }
@@ -134,7 +137,7 @@ _JSON_SCHEMA: Final = {
 _MEMORY_LIMIT_JSON_SCHEMA: Final = {
     "anyOf": [
         {"type": "string", "pattern": _QUANTITY_RE.pattern},
-        {"type": "integer", "minimum": MIB, "maximum": MAX_VALUE},
+        {"type": "number", "minimum": MIB, "maximum": MAX_VALUE},
     ],
     "description": "Kubernetes quantity of at least 1Mi, e.g. '512Mi' or '1G'",
 }

@@ -196,6 +196,12 @@ INVALID = [
     pytest.param(mps_limit(2**63), "must be at most 9223372036854775807", id="int-over-max"),
     pytest.param(mps_limit(10**5000), "must be at most", id="int-of-5000-digits"),
     pytest.param(
+        mps_limit(0.5),
+        "must be at least 1Mi (the MPS daemon counts in MiB), got '0.5'",
+        id="float-under-1Mi",
+    ),
+    pytest.param(mps_limit(-1.5e9), "must not be negative, got '-1500000000.0'", id="float-neg"),
+    pytest.param(
         gpu(
             sharing={
                 "strategy": "MPS",
@@ -281,6 +287,14 @@ def test_deeply_nested_values_are_refused_by_name(params: dict[str, Any], messag
         parse_opaque_config(params)
     assert message in str(info.value)
     assert len(str(info.value)) < 200
+
+
+def test_a_json_number_is_a_quantity_as_kubernetes_reads_it() -> None:
+    # resource.Quantity parses an unquoted JSON number's text; NVIDIA's config types use it.
+    config = parse_opaque_config(mps_limit(1.5e9))
+    assert isinstance(config, GpuConfig) and config.sharing and config.sharing.mpsConfig
+    limit = config.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit
+    assert limit is not None and to_bytes(limit) == 1_500_000_000
 
 
 def test_every_problem_is_reported() -> None:
