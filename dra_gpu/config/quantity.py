@@ -108,13 +108,6 @@ def _as_text(value: object) -> object:
     return value
 
 
-def _validate(value: object) -> object:
-    value = _as_text(value)
-    if isinstance(value, str):
-        to_decimal(value)
-    return value
-
-
 def _validate_memory_limit(value: object) -> object:
     value = _as_text(value)
     if isinstance(value, str) and to_bytes(value) < MIB:
@@ -123,16 +116,8 @@ def _validate_memory_limit(value: object) -> object:
         raise QuantityError(
             f"must be at least 1Mi (the MPS daemon counts in MiB), got {shown(value)}"
         )
-    return value
+    return value  # anything but a string is left to the str type's own error
 
-
-_JSON_SCHEMA: Final = {
-    "anyOf": [
-        {"type": "string", "pattern": _QUANTITY_RE.pattern},
-        {"type": "number", "minimum": 0, "maximum": MAX_VALUE},
-    ],
-    "description": "Kubernetes quantity, e.g. '512Mi' or '1G'",
-}
 
 _MEMORY_LIMIT_JSON_SCHEMA: Final = {
     "anyOf": [
@@ -142,13 +127,8 @@ _MEMORY_LIMIT_JSON_SCHEMA: Final = {
     "description": "Kubernetes quantity of at least 1Mi, e.g. '512Mi' or '1G'",
 }
 
-Quantity = Annotated[str, BeforeValidator(_validate), WithJsonSchema(_JSON_SCHEMA)]
-"""A validated quantity string; JSON integers are accepted and stored as their decimal text."""
-
 MemoryLimit = Annotated[
-    str,
-    BeforeValidator(_validate_memory_limit),
-    BeforeValidator(_validate),
-    WithJsonSchema(_MEMORY_LIMIT_JSON_SCHEMA),
+    str, BeforeValidator(_validate_memory_limit), WithJsonSchema(_MEMORY_LIMIT_JSON_SCHEMA)
 ]
-"""A :data:`Quantity` of at least 1 MiB: an MPS pinned-memory limit."""
+"""An MPS pinned-memory limit: a quantity of at least 1 MiB, kept as the user's string (a JSON
+number is accepted, as Kubernetes does, and stored as its text)."""
