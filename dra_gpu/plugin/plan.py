@@ -14,12 +14,12 @@ Configuration: ``status.allocation.devices.config`` holds the DeviceClass config
 skipped. Every config of this driver is parsed strictly, whether or not it applies to a device
 here, exactly as the admission webhook does (same parser), so the two never disagree. For each
 device, the configs whose ``requests`` are empty or name the device's request apply, class
-configs first, each in listed order; the last one wins. A config must fit the device type
-(``GpuConfig`` for a full GPU, ``MigDeviceConfig`` for a MIG device), with NVIDIA's exception:
-a config that names no requests applies to the whole claim, so on a device of the other type it
-is passed over (a claim holding a full GPU and a MIG device may carry one claim-wide
-``GpuConfig``; the MIG device gets its default). A config that names the device's request and
-does not fit is an error. No config: the type's default. The winner is normalized.
+configs first, each in listed order; the last one wins (NVIDIA's rule, exactly). A config that
+names no requests applies to the whole claim, so on a device of the other type
+(``GpuConfig`` for a full GPU, ``MigDeviceConfig`` for a MIG device) it is passed over: a claim
+holding a full GPU and a MIG device may carry one claim-wide ``GpuConfig``, and the MIG device
+gets its default. The winning config must fit the device type when it names the device's
+request; otherwise it is an error. No config: the type's default. The winner is normalized.
 """
 
 from __future__ import annotations
@@ -158,25 +158,23 @@ def resolve_config(
     ref: ClaimRef, configs: Sequence[_Config], *, request: str, device: Device
 ) -> DeviceConfig:
     """The normalized config for one device; raises PlanError."""
-    chosen: DeviceConfig | None = None
     wanted = GpuConfig if device.type == "gpu" else MigDeviceConfig
-    for config in configs:
+    # The last applicable config wins, so look from the end, as NVIDIA's driver does.
+    for config in reversed(configs):
         if not _applies(config, request):
             continue
-        if not isinstance(config.config, wanted):
-            if not config.requests:
-                continue  # claim-wide: meant for the claim's devices of the other type
-            raise PlanError(
-                f"claim {ref}: {config.where}: a {config.config.kind} cannot configure "
-                f"{device.name}, which is "
-                f"a {'full GPU' if device.type == 'gpu' else 'MIG device'} "
-                f"(use {wanted.__name__}, or name only requests for "
-                f"{'MIG devices' if wanted is GpuConfig else 'full GPUs'} in this config)"
-            )
-        chosen = config.config
-    if chosen is None:
-        chosen = default_gpu_config() if device.type == "gpu" else default_mig_device_config()
-    return normalized(chosen)
+        if isinstance(config.config, wanted):
+            return normalized(config.config)
+        if not config.requests:
+            continue  # claim-wide: meant for the claim's devices of the other type
+        raise PlanError(
+            f"claim {ref}: {config.where}: a {config.config.kind} cannot configure "
+            f"{device.name}, which is "
+            f"a {'full GPU' if device.type == 'gpu' else 'MIG device'} "
+            f"(use {wanted.__name__}, or name only requests for "
+            f"{'MIG devices' if wanted is GpuConfig else 'full GPUs'} in this config)"
+        )
+    return normalized(default_gpu_config() if device.type == "gpu" else default_mig_device_config())
 
 
 def _claim_device(ref: ClaimRef, device: Device, config: DeviceConfig) -> ClaimDevice:

@@ -212,6 +212,29 @@ def test_claim_wide_config_of_the_other_kind_is_passed_over() -> None:
     assert mig.cdi.config == normalized(parse_opaque_config(mig_mps))
 
 
+def test_only_the_winning_config_must_fit() -> None:
+    # NVIDIA's rule: the last applicable config wins and only it is checked against the device
+    # type. A class's GpuConfig naming the request, overridden by the claim's MigDeviceConfig, is
+    # no error; a GpuConfig listed last is.
+    mig_mps = mig_config(sharing={"strategy": "MPS"})
+    body = claim(
+        "uid-1",
+        [result(MIG, request="m")],
+        configs=[
+            config(gpu_config(), source="FromClass", requests=["m"]),
+            config(mig_mps, requests=["m"]),
+        ],
+    )
+    (mig,) = plan(body).devices
+    assert mig.cdi.config == normalized(parse_opaque_config(mig_mps))
+    body["status"]["allocation"]["devices"]["config"] = [
+        config(mig_mps, requests=["m"]),
+        config(gpu_config(), requests=["m"]),
+    ]
+    with pytest.raises(PlanError, match=r"config\[1\] \(FromClaim\): a GpuConfig cannot configure"):
+        plan(body)
+
+
 def test_mig_device_facts_and_share_id() -> None:
     planned = plan(claim("uid-1", [result(MIG, share_id="s-1", admin=True)])).devices[0]
     assert (planned.share_id, planned.admin_access, planned.pool) == ("s-1", True, NODE)
