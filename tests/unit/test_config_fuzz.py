@@ -15,8 +15,8 @@ Properties, for every input ``parameters``:
   input; a message of prepare holds at most 21 problem lines;
 - what prepare accepts puts no newline or NUL into the container environment.
 
-Budget: ``make test`` runs :data:`EXAMPLES` (200) examples per property, about 3 s of CPU
-(1.8 s of test time measured here). A longer run on demand::
+Budget: ``make test`` runs :data:`EXAMPLES` (200) examples per property, about 3 s of CPU.
+A longer run on demand::
 
     DRA_GPU_FUZZ_EXAMPLES=20000 .venv/bin/pytest tests/unit/test_config_fuzz.py
 
