@@ -194,7 +194,9 @@ class DeviceState:
             with self._locks.hold(ref.uid):
                 return PrepareResult(devices=self._prepare_locked(ref))
         except (PlanError, cdi.CDIError, ConfigError) as exc:
-            log.info("prepare %s (%s) failed: %s", ref, ref.uid, exc)
+            # Someone must act (fix the claim, the node): the pod waits until then. A warning,
+            # without a traceback: the message says all there is to say.
+            log.warning("prepare %s (%s) failed: %s", ref, ref.uid, exc)
             return PrepareResult(error=str(exc))
         except Exception as exc:
             return PrepareResult(error=self._unexpected("prepare", ref, exc))

@@ -184,7 +184,10 @@ BAD_CLAIMS = [
             "bad",
             [result("gpu-0")],
             configs=[
-                config({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"})
+                config(
+                    {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"},
+                    requests=["gpu"],
+                )
             ],
         ),
         "a MigDeviceConfig cannot configure gpu-0, which is a full GPU",
