@@ -17,11 +17,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from e2e.binaries import build_lock, cache_root, module_version, run_go
+from e2e.binaries import build_lock, cache_root, go_build, module_version
 
 GOMOD = Path(__file__).resolve().parent / "gomod" / "helm"
 MODULE = "helm.sh/helm/v3"
@@ -48,8 +47,8 @@ def helm_path() -> Path:
     return cache_root() / f"helm-{helm_version()}" / "helm"
 
 
-def _log(message: str) -> None:
-    print(f"[helm] {message}", file=sys.stderr, flush=True)
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _go_build(version: str, out: Path) -> None:
@@ -61,7 +60,10 @@ def _go_build(version: str, out: Path) -> None:
     )
     cmd = ["go", "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(out), PACKAGE]
     env = {**os.environ, "CGO_ENABLED": "0"}
-    run_go(cmd, cwd=GOMOD, env=env, log=_log, label=f"helm {version}")
+    directory, label = helm_path().parent, f"helm {version}"
+    go_build(
+        cmd, directory=directory, components=["helm"], cwd=GOMOD, env=env, log=_log, label=label
+    )
 
 
 def ensure_helm() -> Path:
@@ -73,13 +75,10 @@ def ensure_helm() -> Path:
     with build_lock(target.parent):
         if target.is_file():  # another process built it while we waited
             return target
-        _log(f"building helm {version} from the Go module proxy (once, into {target.parent})")
-        start = time.monotonic()
         tmp = target.parent / ".tmp" / "helm"
         tmp.parent.mkdir(parents=True, exist_ok=True)
         _go_build(version, tmp)
         os.replace(tmp, target)
-        _log(f"built {target} in {time.monotonic() - start:.0f} s")
     return target
 
 

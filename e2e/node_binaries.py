@@ -18,11 +18,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.binaries import build_lock, cache_root, module_version, run_go
+from e2e.binaries import build_lock, cache_root, go_build, module_version
 
 GOMOD = Path(__file__).resolve().parent / "gomod"
 CNI_BIN_DIR = Path("/usr/lib/cni")
@@ -98,17 +97,22 @@ def ensure_built(build: GoBuild) -> Path:
         for binary, package, cgo, tags in build.packages:
             if (directory / binary).is_file():
                 continue
-            label = f"{binary} {build.version}"
-            print(f"[node-binaries] building {label} (cgo={'on' if cgo else 'off'})", flush=True)
-            started = time.monotonic()
             ldflags = f"-s -w -X {build.version_var}={build.version}"
             cmd = ["go", "build", "-v", "-trimpath", "-tags", tags, "-ldflags", ldflags]
             cmd += ["-o", str(tmp / binary), package]
             env = {**os.environ, "CGO_ENABLED": "1" if cgo else "0"}
-            # binaries' runner prints a heartbeat every 30 s and the output's tail on failure.
-            run_go(cmd, cwd=build.module_dir, env=env, log=_log, label=label)
+            # The harness's runner: progress lines with the last build's time, the output's
+            # tail on failure.
+            go_build(
+                cmd,
+                directory=directory,
+                components=[binary],
+                cwd=build.module_dir,
+                env=env,
+                log=_log,
+                label=f"{binary} {build.version}",
+            )
             (tmp / binary).replace(directory / binary)
-            print(f"[node-binaries] {label} built in {time.monotonic() - started:.0f}s", flush=True)
     return directory
 
 
