@@ -120,8 +120,13 @@ def refused_rows(
     scenario: str, refused: Mapping[str, Any], pods: Iterable[str], why: str
 ) -> list[Row]:
     """One row per pod of a scenario whose ``refused`` object the admission webhook turned down:
-    the pods were never created, so nothing ran. One line per problem, wrapped."""
-    lines = [line for part in why.split("; ") for line in textwrap.wrap(part, width=60)]
+    the pods were never created, so nothing ran. One line per problem, wrapped between words
+    (a field path stays whole)."""
+    lines = [
+        line
+        for part in why.split("; ")
+        for line in textwrap.wrap(part, width=72, break_long_words=False, break_on_hyphens=False)
+    ]
     saw = "\n".join(["refused at admission:", *lines])
     name = f"{refused['kind']} {refused['metadata']['name']}"
     return [Row(f"{scenario}/{pod}", name, "-", "-", saw, "admission") for pod in pods]
