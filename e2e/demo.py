@@ -259,6 +259,17 @@ def explore_text(state: DemoState) -> str:
     return "\n".join(lines)
 
 
+def result_text(state: DemoState, rows: Sequence[demo_view.Row]) -> str:
+    """What the demo ends with: the heading, the table, how to explore; when no container ran,
+    the heading starts with why, and the last lines say it again (the table and the build output
+    above may have scrolled the heading away)."""
+    simulated = [n for n in state.nodes if not n.real]
+    notes, logs = [n.note for n in simulated], [n.note_log for n in simulated]
+    notice = demo_view.fallback_notice(notes, logs)
+    parts = [demo_view.heading(notes, logs), demo_view.render_table(rows), explore_text(state)]
+    return "\n".join(parts + (["", *notice] if notice else []))
+
+
 def cmd_run(_: argparse.Namespace) -> int:
     if stop_environment():
         _err("[demo] stopped the previous demo")
@@ -268,16 +279,8 @@ def cmd_run(_: argparse.Namespace) -> int:
     rows: list[demo_view.Row] = []
     for entry in apply_scenarios(kube, state):
         rows += [entry] if isinstance(entry, demo_view.Row) else observe(kube, state, *entry)
-    simulated = [n for n in state.nodes if not n.real]
-    notes, logs = [n.note for n in simulated], [n.note_log for n in simulated]
     print()
-    print(demo_view.heading(notes, logs))
-    print(demo_view.render_table(rows))
-    print(explore_text(state))
-    # Said again last: the table and the build output above may have scrolled it away.
-    if notice := demo_view.fallback_notice(notes, logs):
-        print()
-        print("\n".join(notice))
+    print(result_text(state, rows))
     return 0
 
 
