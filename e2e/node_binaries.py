@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,10 +130,17 @@ def ensure_debian_packages(packages: tuple[str, ...] = DEBIAN_PACKAGES) -> None:
         return
     if shutil.which("apt-get") is None:
         raise RuntimeError(f"missing packages {missing} and no apt-get to install them")
-    print(f"[node-binaries] apt-get install {' '.join(missing)}", flush=True)
+    names = " ".join(missing)
+    print(f"[build] apt-get install {names}", flush=True)
+    started = time.monotonic()
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, env=env)
+    # One line for the progress; apt's own output (pages of it) only when it fails.
+    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *missing]):
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+            raise RuntimeError(f"{' '.join(argv)} failed (exit {proc.returncode}):\n{tail}")
+    print(f"[build] installed {names} in {time.monotonic() - started:.0f} s", flush=True)
 
 
 @dataclass(frozen=True)
