@@ -265,8 +265,10 @@ def result_text(state: DemoState, rows: Sequence[demo_view.Row]) -> str:
     above may have scrolled the heading away)."""
     simulated = [n for n in state.nodes if not n.real]
     notes, logs = [n.note for n in simulated], [n.note_log for n in simulated]
-    notice = demo_view.fallback_notice(notes, logs)
-    parts = [demo_view.heading(notes, logs), demo_view.render_table(rows), explore_text(state)]
+    some_real = len(simulated) < len(state.nodes)
+    notice = demo_view.fallback_notice(notes, logs, some_real=some_real)
+    head = demo_view.heading(notes, logs, some_real=some_real)
+    parts = [head, demo_view.render_table(rows), explore_text(state)]
     return "\n".join(parts + (["", *notice] if notice else []))
 
 

@@ -132,24 +132,30 @@ def refused_rows(
     return [Row(f"{scenario}/{pod}", name, "-", "-", saw, "admission") for pod in pods]
 
 
-def fallback_notice(notes: Sequence[str], logs: Sequence[str]) -> list[str]:
+def fallback_notice(notes: Sequence[str], logs: Sequence[str], *, some_real: bool) -> list[str]:
     """What to say when nodes are simulated: ``notes`` says why each is, ``logs`` where to read
-    more. Nothing when every node is real."""
+    more; ``some_real``: the other nodes are real (the pods run there only). Nothing when every
+    node is real."""
     if not notes:
         return []
     reasons = "; ".join(dict.fromkeys(n for n in notes if n)) or "simulated nodes"
+    head = "SOME NODES ARE SIMULATED" if some_real else "NO CONTAINER RAN"
     return [
-        f"NO CONTAINER RAN: {reasons}.",
+        f"{head}: {reasons}.",
         *(f"  See why: less {log}" for log in dict.fromkeys(g for g in logs if g)),
     ]
 
 
-def heading(notes: Sequence[str], logs: Sequence[str]) -> str:
+def heading(notes: Sequence[str], logs: Sequence[str], *, some_real: bool) -> str:
     """The line(s) above the table: where "what the container saw" comes from."""
-    notice = fallback_notice(notes, logs)
-    if not notice:
-        return (
-            "Pods on real nodes (kubelet + containerd); each container's report read from its log:"
+    notice = fallback_notice(notes, logs, some_real=some_real)
+    if some_real or not notice:
+        return "\n".join(
+            [
+                *notice,
+                "Pods on real nodes (kubelet + containerd); each container's report read from its "
+                "log:",
+            ]
         )
     return "\n".join(
         [

@@ -1,8 +1,9 @@
 """How ``make demo`` ends (``e2e.demo.result_text``): a fallback to simulated nodes is said in
 the table's heading and again in the last lines, with the reason and the command showing the log.
 
-Cases: a real node that failed (reason + ``less <supervisor log>`` first and last); real nodes
-(the heading says the reports are read from the containers' logs, nothing after the tear-down).
+Cases: a real node that failed, so both are simulated (reason + ``less <supervisor log>`` first
+and last); only the second failed (said, but containers did run); real nodes (the heading says
+the reports are read from the containers' logs, nothing after the tear-down).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ LOG = "/cache/dra-gpu/demo/supervisor.log"
 ROWS = [demo_view.Row("one-gpu/one-gpu", "c", "demo-h200", "gpu-0", "gpu-0 NVIDIA H200", "cdi")]
 
 
-def _state(*, real: bool) -> DemoState:
-    def node(name: str, profile: str) -> NodeInfo:
+def _state(*, real: bool, a100_real: bool | None = None) -> DemoState:
+    def node(name: str, profile: str, real: bool) -> NodeInfo:
         failed = {} if real else {"note": REASON, "note_log": LOG}
         return NodeInfo(name, profile, real, "/s/dra.sock", f"/cdi/{name}", "/p.log", **failed)
 
@@ -31,7 +32,10 @@ def _state(*, real: bool) -> DemoState:
         kubectl="/bin/kubectl",
         controller_log="/w/controller.log",
         webhook="https://127.0.0.1:8443/validate",
-        nodes=(node("demo-h200", "h200x8"), node("demo-a100", "a100x4-mig")),
+        nodes=(
+            node("demo-h200", "h200x8", real),
+            node("demo-a100", "a100x4-mig", real if a100_real is None else a100_real),
+        ),
     )
 
 
@@ -40,8 +44,17 @@ def test_a_fallback_is_said_above_the_table_and_in_the_last_lines() -> None:
     said = [f"NO CONTAINER RAN: {REASON}.", f"  See why: less {LOG}"]
     assert lines[:2] == said
     assert lines[-2:] == said
+    assert "simulated nodes" in lines[2]
     table = lines.index(next(line for line in lines if line.startswith("POD ")))
     assert table < lines.index("Tear down:")
+
+
+def test_one_real_node_of_two_is_not_called_no_container() -> None:
+    lines = demo.result_text(_state(real=True, a100_real=False), ROWS).splitlines()
+    said = [f"SOME NODES ARE SIMULATED: {REASON}.", f"  See why: less {LOG}"]
+    assert lines[:2] == said
+    assert "read from its log" in lines[2]
+    assert lines[-2:] == said
 
 
 def test_real_nodes_need_no_notice() -> None:

@@ -190,17 +190,15 @@ def test_other_api_errors_are_not_refusals(body: str | None) -> None:
     assert demo_view.admission_refusal(body) is None
 
 
-def test_the_heading_says_when_no_container_ran_why_and_where_to_look() -> None:
-    assert demo_view.fallback_notice([], []) == []
-    assert "read from its log" in demo_view.heading([], [])
+def test_the_notice_says_why_nodes_are_simulated_and_where_to_look() -> None:
+    assert demo_view.fallback_notice([], [], some_real=False) == []
     reason = "real node demo-h200 unavailable: timed out after 120s waiting for node demo-h200"
     log = "/cache/demo/supervisor.log"
-    notice = demo_view.fallback_notice([reason, reason], [log, log])
-    assert notice == [f"NO CONTAINER RAN: {reason}.", f"  See why: less {log}"]
-    head = demo_view.heading([reason, reason], [log, log]).splitlines()
-    assert head[: len(notice)] == notice
-    assert "simulated nodes" in head[len(notice)]
+    assert demo_view.fallback_notice([reason, reason], [log, log], some_real=False) == [
+        f"NO CONTAINER RAN: {reason}.",
+        f"  See why: less {log}",
+    ]
     # Real nodes turned off on purpose: said as well, with no log to read.
-    assert demo_view.fallback_notice(["real nodes need root on Linux"], [""]) == [
+    assert demo_view.fallback_notice(["real nodes need root on Linux"], [""], some_real=False) == [
         "NO CONTAINER RAN: real nodes need root on Linux."
     ]
