@@ -9,16 +9,16 @@ session) that owns everything and tears it down on SIGTERM (``python -m e2e.demo
    from ``e2e.node``, so pods really run) when that works on this machine, else a *simulated*
    node: a Node object without a kubelet, whose Lease the supervisor keeps renewing;
 3. one kubelet plugin per node (simulated GPUs) and the controller, as processes: the controller
-   keeps the DeviceClasses applied and serves the admission webhook, which a
-   ValidatingWebhookConfiguration like the chart's registers (by URL instead of a Service);
+   keeps the DeviceClasses applied and serves the admission webhook, which the chart's own
+   ValidatingWebhookConfiguration (rendered with helm, by URL instead of Service) registers;
 4. it waits until both nodes' ResourceSlices and the DeviceClasses are in the API and the API
    server refuses a bad claim through the webhook, then writes ``<cache>/demo/state.json``: the
    supervisor's pid, the kubeconfig, and per node whether it is real and where its plugin's DRA
    socket and CDI directory are.
 
-Builds come before the waits that follow them: a node's wait for Ready starts after its kubelet,
-containerd and runc are built (``e2e.node``), so a cold first run does not fall back for lack of
-time.
+Builds come before the waits that follow them: helm before the controller starts, and a node's
+wait for Ready starts after its kubelet, containerd and runc are built (``e2e.node``), so a cold
+first run does not fall back for lack of time.
 
 Real nodes need root and a cgroup/network setup the harness can create; ``DRA_GPU_DEMO_REAL_NODES``
 is ``auto`` (default: try, fall back to simulated and say why), ``yes`` (fail instead) or ``no``.
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e import binaries, procs, supervisor
+from e2e import binaries, helm, procs, supervisor
 from e2e.cluster import Cluster
 from e2e.driver import (
     ManagedProcess,
@@ -145,6 +145,7 @@ class Environment:
     def up(self) -> None:
         _say("[demo] starting the control plane (Kubernetes binaries are built the first time)")
         self.cluster.up()
+        helm.ensure_helm()  # renders the chart's webhook configuration; built the first time
         self.controller = controller_process(
             kubeconfig=self.cluster.kubeconfig,
             log_path=self.workdir / "controller.log",

@@ -29,7 +29,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.config.v1beta1 import API_VERSION
 from dra_gpu.controller import registration
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
-from e2e import probes, procs, waiting
+from e2e import helm, probes, procs, waiting
 from e2e.suite.kube import RESOURCE, Kube, wait_for
 
 if TYPE_CHECKING:
@@ -255,9 +255,10 @@ def register_webhook(
     *,
     timeout: float,
 ) -> None:
-    """What the chart does with its ValidatingWebhookConfiguration, for a controller process:
-    once it serves, register it by URL for the whole cluster, and return when the API server
-    refuses a bad claim through it (the configuration takes a moment to take effect)."""
+    """What the chart does, for a controller process: once it serves, register the chart's
+    ValidatingWebhookConfiguration (rendered with helm, which must be built: its build is no
+    part of ``timeout``) by URL instead of Service, and return when the API server refuses a bad
+    claim through it (a configuration takes a moment to take effect)."""
 
     def serving() -> bool:
         if not controller.alive:
@@ -265,9 +266,10 @@ def register_webhook(
         return probes.https_healthy(webhook.port, webhook.ca)
 
     waiting.wait_for(f"the controller's webhook at {webhook.url}", serving, timeout=timeout)
-    config: Any = registration.validating_webhook_configuration(  # the client takes plain dicts
-        name, registration.client_config_url(webhook.url, ca_bundle_pem=webhook.ca.read_bytes())
+    client_config = registration.client_config_url(
+        webhook.url, ca_bundle_pem=webhook.ca.read_bytes()
     )
+    config: Any = helm.webhook_configuration(name, client_config)  # the client takes plain dicts
     client.AdmissionregistrationV1Api(kube.api).create_validating_webhook_configuration(config)
     wait_for(
         f"webhook configuration {name} to take effect", lambda: _refuses(kube), timeout=timeout

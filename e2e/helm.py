@@ -8,6 +8,9 @@
 - ``render()`` runs ``helm template`` with a pinned ``--kube-version``, so the output depends only
   on the chart and the values (the committed plain manifests are compared with it byte for byte).
 
+- ``webhook_configuration()``: the chart's ValidatingWebhookConfiguration pointed at a webhook run
+  as a local process (the demo), so it registers exactly what the chart does.
+
 CLI: ``python -m e2e.helm`` prints the helm path (building it first when needed);
 ``python -m e2e.helm render`` rewrites ``manifests/rendered/`` from the chart.
 """
@@ -19,6 +22,9 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from e2e.binaries import build_lock, cache_root, go_build, module_version
 
@@ -114,6 +120,37 @@ def render(
     if proc.returncode != 0:
         raise RuntimeError(f"helm template failed: {proc.stderr.strip()}")
     return proc.stdout
+
+
+def webhook_configuration(
+    name: str,
+    client_config: Mapping[str, Any],
+    *,
+    namespaces: Sequence[str] | None = None,
+    class_selector: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The chart's ValidatingWebhookConfiguration (its webhooks and rules as rendered) sent to
+    ``client_config`` instead of the chart's Service: a webhook run as a local process.
+    ``namespaces`` and ``class_selector`` (DeviceClasses) limit it further, for a shared
+    cluster; left out, it applies where the chart's does."""
+    rendered = render(set_values={"webhook.enabled": True, "webhook.tls.caBundle": "Cg=="})
+    (config,) = [
+        doc
+        for doc in yaml.safe_load_all(rendered)
+        if doc and doc["kind"] == "ValidatingWebhookConfiguration"
+    ]
+    config["metadata"] = {"name": name}
+    for webhook in config["webhooks"]:
+        webhook["clientConfig"] = dict(client_config)
+        namespaced = all(rule.get("scope") == "Namespaced" for rule in webhook["rules"])
+        if namespaced and namespaces is not None:
+            only = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [*namespaces]}
+            selector = webhook.setdefault("namespaceSelector", {})
+            selector.setdefault("matchExpressions", []).append(only)
+        elif not namespaced and class_selector is not None:
+            webhook["objectSelector"] = dict(class_selector)
+    result: dict[str, Any] = config
+    return result
 
 
 def render_committed() -> dict[Path, str]:

@@ -29,6 +29,8 @@ def _cdi_validator() -> None:
 BUILDS: dict[str, Callable[[], None]] = {
     "test_manifests.py": _helm,
     "test_kind_releases.py": _helm,
+    "test_demo.py": _helm,
+    "test_webhook_configuration.py": _helm,
     "test_prepare.py": _cdi_validator,
 }
 
