@@ -23,7 +23,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -51,8 +51,14 @@ DraRegistrar = Callable[[grpc.Server], None]
 DRA_GRACE_S = 10.0
 
 
-def renderer(settings: Settings, devices: Sequence[Device]) -> publisher.Renderer:
+def renderer(
+    settings: Settings,
+    devices: Sequence[Device],
+    taints: Mapping[str, Sequence[publisher.JSON]] | None = None,
+) -> publisher.Renderer:
+    """``taints``: device name -> its taints (``device_taints.device_taints``)."""
     frozen = tuple(devices)
+    frozen_taints = dict(taints or {})
 
     def render(node_uid: str) -> list[publisher.JSON]:
         return slices.build_resource_slices(
@@ -61,6 +67,7 @@ def renderer(settings: Settings, devices: Sequence[Device]) -> publisher.Rendere
             node_name=settings.node_name,
             pool_generation=0,
             node_owner=(settings.node_name, node_uid),
+            taints=frozen_taints,
         )
 
     return render
@@ -121,7 +128,20 @@ class NodePlugin:
         ``in_use``: devices in prepared claims, which stay listed (UNHEALTHY) if they are gone;
         None when that is unknown, so every device that is gone stays listed.
         """
-        self.publisher.set_inventory(renderer(self._settings, devices))
+        self.set_health(devices, in_use=in_use)
+
+    def set_health(
+        self,
+        devices: Sequence[Device],
+        *,
+        in_use: Collection[str] | None,
+        taints: Mapping[str, Sequence[publisher.JSON]] | None = None,
+        faults: Mapping[str, str] | None = None,
+    ) -> None:
+        """The inventory with its devices' taints (device name -> taints) and faults (device
+        name -> why it is unhealthy), published in the slices and the health stream."""
+        self.publisher.set_inventory(renderer(self._settings, devices, taints))
+        self.health.set_faults(faults or {})
         self.health.set_devices([d.name for d in devices], in_use=in_use)
 
     def problem(self) -> str | None:
