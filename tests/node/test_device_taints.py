@@ -1,0 +1,208 @@
+"""GPU health events taint devices, and the real scheduler, kubelet and control plane act on it.
+
+The plugin of ``gpu-h200`` (eight simulated H200s) is restarted with a short quiet period;
+events are injected through its command file (``dra-gpu health inject``). Then:
+- an application XID (13) changes nothing; XID 92 taints its GPU NoSchedule, and a new claim
+  that can only use that GPU is not allocated;
+- XID 48 (double-bit ECC) taints the GPU of a running Deployment's pod NoExecute: the control
+  plane (device-taint-eviction controller) evicts the pod, its claim is released, and the
+  replacement lands on a healthy GPU;
+- after the quiet period the taints are gone and the waiting claim gets its GPU.
+The node's usual plugin is restored afterwards.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from conftest import REAL_NODE_SELECTOR
+
+from e2e.cluster import Cluster
+from e2e.driver import Driver, PluginProcess
+from e2e.node import Node
+from e2e.suite.kube import Kube, wait_for
+
+NODE = "gpu-h200"
+QUIET_S = 25
+IMAGE = "localhost/dra-gpu/busybox:1.35"
+
+
+def inject(state_dir: Path, *args: str) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "dra_gpu", "health", "--state-dir", str(state_dir), *args],
+        check=True,
+        capture_output=True,
+    )
+
+
+def node_devices(kube: Kube) -> dict[str, dict[str, Any]]:
+    return {
+        d["name"]: d
+        for s in kube.slices()
+        if s["spec"].get("nodeName") == NODE and s["spec"]["driver"] == "gpu.nvidia.com"
+        for d in s["spec"].get("devices") or []
+    }
+
+
+def taints(kube: Kube) -> dict[str, list[tuple[str, str]]]:
+    return {
+        name: [(t["key"], t["effect"]) for t in d["taints"]]
+        for name, d in node_devices(kube).items()
+        if d.get("taints")
+    }
+
+
+def pod_spec(claim: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "nodeSelector": {**REAL_NODE_SELECTOR, "kubernetes.io/hostname": NODE},
+        "terminationGracePeriodSeconds": 1,
+        "containers": [
+            {
+                "name": "ctr",
+                "image": IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", 'trap "exit 0" TERM; sleep 100000 & wait'],
+                "resources": {"claims": [{"name": "gpu"}]},
+            }
+        ],
+        "resourceClaims": [{"name": "gpu", **claim}],
+    }
+
+
+def claim_template(name: str, selector: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def pods_of(kube: Kube, namespace: str, app: str) -> list[dict[str, Any]]:
+    found = kube.core.list_namespaced_pod(namespace, label_selector=f"app={app}")
+    return [kube.as_dict(p) for p in found.items if not p.metadata.deletion_timestamp]
+
+
+def allocated_device(kube: Kube, namespace: str, pod: dict[str, Any]) -> str | None:
+    for status in pod.get("status", {}).get("resourceClaimStatuses") or []:
+        claim = kube.claim(namespace, status.get("resourceClaimName") or "")
+        results = ((claim or {}).get("status", {}).get("allocation") or {}).get("devices", {})
+        for result in results.get("results") or []:
+            return str(result["device"])
+    return None
+
+
+def test_taints_keep_new_claims_off_evict_pods_and_clear(
+    driver: Driver, cluster: Cluster, real_nodes: dict[str, Node], kube: Kube, tmp_path: Path
+) -> None:
+    config = tmp_path / "health.yaml"
+    config.write_text(f"quietPeriodSeconds: {QUIET_S}\n")
+    usual = driver.plugins[NODE]
+    plugin = PluginProcess.for_node(
+        real_nodes[NODE],
+        kubeconfig=cluster.kubeconfig,
+        profile="h200x8",
+        extra=["--health-config", str(config)],
+    )
+    state = plugin.dirs.state
+    namespace = f"taints-{uuid.uuid4().hex[:6]}"
+    registered = usual.registrations()
+    usual.stop()
+    try:
+        plugin.start()
+        plugin.wait_registered(after=registered)
+        kube.create_namespace(namespace)
+        devices = wait_for("gpu-h200's slices", lambda: node_devices(kube) or None, timeout=60)
+
+        # application XID on gpu-0, then XID 92 on gpu-1: once gpu-1 shows, gpu-0 was handled
+        inject(state, "inject", "gpu-0", "xid", "13")
+        inject(state, "inject", "gpu-1", "xid", "92")
+        seen = wait_for("gpu-1 tainted", lambda: taints(kube) or None, timeout=30)
+        assert seen == {"gpu-1": [("gpu.nvidia.com/xid-92", "NoSchedule")]}
+
+        uuid1 = devices["gpu-1"]["attributes"]["uuid"]["string"]
+        kube.create(
+            namespace,
+            claim_template("gpu-1", f'device.attributes["gpu.nvidia.com"].uuid == "{uuid1}"'),
+        )
+        kube.create(
+            namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "wants-gpu-1"},
+                "spec": pod_spec({"resourceClaimTemplateName": "gpu-1"}),
+            },
+        )
+
+        # a Deployment's pod on some healthy GPU, then that GPU reports a double-bit ECC error
+        kube.create(namespace, claim_template("any-gpu"))
+        kube.create(
+            namespace,
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "worker"},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app": "worker"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "worker"}},
+                        "spec": pod_spec({"resourceClaimTemplateName": "any-gpu"}),
+                    },
+                },
+            },
+        )
+
+        def running_worker() -> tuple[str, str, str] | None:
+            for pod in pods_of(kube, namespace, "worker"):
+                device = allocated_device(kube, namespace, pod)
+                if pod["status"].get("phase") == "Running" and device:
+                    claim = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+                    return pod["metadata"]["name"], claim, device
+            return None
+
+        first, first_claim, bad = wait_for("the worker running", running_worker, timeout=120)
+        assert bad != "gpu-1"
+        assert kube.pod(namespace, "wants-gpu-1")["status"].get("phase") == "Pending"
+        inject(state, "inject", bad, "xid", "48")
+        wait_for(
+            "the worker evicted",
+            lambda: not kube.pod_exists(namespace, first) or None,
+            timeout=60,
+        )
+        wait_for(
+            "its claim released",
+            lambda: kube.claim(namespace, first_claim) is None or None,
+            timeout=60,
+        )
+        _, _, good = wait_for(
+            "the replacement running",
+            lambda: ((w := running_worker()) and w[0] != first and w) or None,
+            timeout=120,
+        )
+        assert good not in (bad, "gpu-1"), good
+        assert taints(kube)[bad] == [("gpu.nvidia.com/xid-48", "NoExecute")]
+        assert kube.pod(namespace, "wants-gpu-1")["status"].get("phase") == "Pending"
+
+        # quiet period over: every taint goes, and the waiting claim gets gpu-1
+        wait_for("the taints cleared", lambda: not taints(kube) or None, timeout=QUIET_S + 60)
+
+        def on_gpu1() -> bool | None:
+            pod = kube.pod(namespace, "wants-gpu-1")
+            device = allocated_device(kube, namespace, pod)
+            return (pod["status"].get("phase") == "Running" and device == "gpu-1") or None
+
+        wait_for("wants-gpu-1 running on gpu-1", on_gpu1, timeout=120)
+    finally:
+        kube.delete_namespace(namespace)
+        plugin.stop()
+        usual.start()
+        usual.wait_registered(after=0)
