@@ -7,7 +7,10 @@ events are injected through its command file (``dra-gpu health inject``). Then:
 - XID 48 (double-bit ECC) taints the GPU of a running Deployment's pod NoExecute: the control
   plane (device-taint-eviction controller) evicts the pod, its claim is released, and the
   replacement lands on a healthy GPU;
-- after the quiet period the taints are gone and the waiting claim gets its GPU.
+- XID 94 (NoSchedule) under the running replacement leaves it running, and the kubelet shows
+  its device Unhealthy in the pod's ``allocatedResourcesStatus``;
+- after the quiet period the taints are gone, the waiting claim gets its GPU and the
+  replacement's device is Healthy again.
 The node's usual plugin is restored afterwards.
 """
 
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import REAL_NODE_SELECTOR
+from test_pod_device_health import device_health
 
 from e2e.cluster import Cluster
 from e2e.driver import Driver, PluginProcess
@@ -183,7 +187,7 @@ def test_taints_keep_new_claims_off_evict_pods_and_clear(
             lambda: kube.claim(namespace, first_claim) is None or None,
             timeout=60,
         )
-        _, _, good = wait_for(
+        replacement, _, good = wait_for(
             "the replacement running",
             lambda: ((w := running_worker()) and w[0] != first and w) or None,
             timeout=120,
@@ -191,6 +195,19 @@ def test_taints_keep_new_claims_off_evict_pods_and_clear(
         assert good not in (bad, "gpu-1"), good
         assert taints(kube)[bad] == [("gpu.nvidia.com/xid-48", "NoExecute")]
         assert kube.pod(namespace, "wants-gpu-1")["status"].get("phase") == "Pending"
+
+        # a NoSchedule fault under a running pod: it stays, and the kubelet shows it Unhealthy
+        inject(state, "inject", good, "xid", "94")
+
+        def health_of_good() -> str | None:
+            return device_health(kube.pod(namespace, replacement)).get(good) or None
+
+        wait_for(
+            f"{good} Unhealthy in the pod's status",
+            lambda: health_of_good() == "Unhealthy" or None,
+            timeout=60,
+        )
+        assert kube.pod(namespace, replacement)["status"]["phase"] == "Running"
 
         # quiet period over: every taint goes, and the waiting claim gets gpu-1
         wait_for("the taints cleared", lambda: not taints(kube) or None, timeout=QUIET_S + 60)
@@ -201,6 +218,7 @@ def test_taints_keep_new_claims_off_evict_pods_and_clear(
             return (pod["status"].get("phase") == "Running" and device == "gpu-1") or None
 
         wait_for("wants-gpu-1 running on gpu-1", on_gpu1, timeout=120)
+        wait_for(f"{good} Healthy again", lambda: health_of_good() == "Healthy" or None, timeout=60)
     finally:
         kube.delete_namespace(namespace)
         plugin.stop()
