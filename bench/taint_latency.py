@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from plugin_startup import target  # noqa: E402
+from plugin_startup import add_target_arguments, target  # noqa: E402
 
 from dra_gpu import DRIVER_NAME  # noqa: E402
 from dra_gpu.devices import health_events  # noqa: E402
@@ -58,6 +58,13 @@ class TaintWatch:
         self._stop.set()
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception:
+            if not self._stop.is_set():  # the API server going away at the end is no news
+                raise
+
+    def _watch(self) -> None:
         from kubernetes import watch
 
         while not self._stop.is_set():
@@ -91,10 +98,7 @@ class TaintWatch:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--kubeconfig", type=Path, help="use this cluster instead of a new one")
-    parser.add_argument(
-        "--node", default="bench-node", help="node name (must exist with --kubeconfig)"
-    )
+    add_target_arguments(parser)
     args = parser.parse_args()
     from e2e import procs
     from e2e.driver import PluginDirs, plugin_argv
