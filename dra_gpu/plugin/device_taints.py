@@ -9,6 +9,9 @@
   quiet period *and* its health probe succeeds; a GPU that is lost (not discovered, or the
   probe fails) keeps its taints however long it has been quiet.
 - An administrator's clear drops every fault of the GPU at once.
+- Faults live in memory; the published taints are their durable copy: at start the plugin
+  ``restore``s them from its slices, so a restart neither lifts a taint nor re-stamps it, and
+  the quiet period starts again.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dra_gpu.devices.model import Device
 JSON = dict[str, Any]
 MAX_TAINTS_PER_DEVICE = 16  # the API server's limit
 MAX_LABEL_VALUE = 63
+SEVERITY_EFFECTS = (health_rules.NO_SCHEDULE, health_rules.NO_EXECUTE)
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")
 
 
@@ -133,6 +137,43 @@ def device_messages(devices: Iterable[Device], faults: Faults) -> dict[str, str]
         if by_key:
             out[device.name] = "; ".join(describe(f) for f in _ordered(by_key))[:1024]
     return out
+
+
+def _parse_time(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return (
+            datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
+            .replace(tzinfo=datetime.UTC)
+            .timestamp()
+        )
+    except ValueError:
+        return None
+
+
+def restore(
+    published: Iterable[Mapping[str, Any]], *, driver: str, devices: Sequence[Device], now: float
+) -> Faults:
+    """The faults behind the taints this driver published (before a restart) on devices that
+    still exist. Their quiet period starts again at ``now``; taints of others (a
+    DeviceTaintRule, another driver) are not ours and are left out."""
+    prefix = f"{driver}/"
+    gpu_of_device = {d.name: d.gpu.uuid for d in devices}
+    faults: dict[str, dict[str, Fault]] = {}
+    for item in published:
+        for device in (item.get("spec") or {}).get("devices") or []:
+            gpu = gpu_of_device.get(str(device.get("name")))
+            for t in device.get("taints") or [] if gpu is not None else []:
+                key, effect = str(t.get("key", "")), t.get("effect")
+                if not key.startswith(prefix) or effect not in SEVERITY_EFFECTS:
+                    continue
+                name = key.removeprefix(prefix)
+                slug = str(t.get("value", "")).rpartition(".")[0]
+                first = _parse_time(t.get("timeAdded")) or now
+                reason = slug.replace("-", " ") or name
+                faults.setdefault(str(gpu), {})[name] = Fault(name, str(effect), reason, first, now)
+    return faults
 
 
 def gpu_of(devices: Sequence[Device], name: str) -> str | None:

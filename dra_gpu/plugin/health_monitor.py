@@ -54,6 +54,7 @@ class HealthMonitor:
         clock: Callable[[], float] = time.time,
         poll_s: float = 0.2,
         source: EventSource | None = None,
+        faults: device_taints.Faults | None = None,
     ) -> None:
         self._rules = rules
         self._driver = driver
@@ -67,7 +68,7 @@ class HealthMonitor:
         self._lock = threading.RLock()
         self._devices: list[Device] = list(devices)
         self._in_use: Collection[str] | None = None
-        self._faults: device_taints.Faults = {}
+        self._faults: device_taints.Faults = faults or {}
 
     @property
     def faults(self) -> device_taints.Faults:
@@ -179,10 +180,16 @@ class HealthMonitor:
 
 
 def for_plugin(
-    settings: Settings, *, rules: health_rules.Rules, devices: Sequence[Device], plugin: NodePlugin
+    settings: Settings,
+    *,
+    rules: health_rules.Rules,
+    devices: Sequence[Device],
+    plugin: NodePlugin,
+    published: Sequence[JSON],
 ) -> HealthMonitor:
-    """The monitor of a running plugin: NVML's events on real GPUs, injected ones on simulated
-    GPUs; the command file in the state directory on both."""
+    """The monitor of a plugin about to start: NVML's events on real GPUs, injected ones on
+    simulated GPUs; the command file in the state directory on both. ``published``: the slices
+    an earlier instance left, whose taints are restored (and published again before start)."""
     simulated = settings.simulate is not None
     loop: NvmlEventLoop | None = None
     if not simulated:
@@ -201,5 +208,13 @@ def for_plugin(
         commands=CommandFile(settings.state_dir / FILE_NAME),
         accept_injected=simulated,
         source=loop,
+        faults=device_taints.restore(
+            published, driver=settings.driver_name, devices=devices, now=time.time()
+        ),
     )
+    if monitor.faults:
+        log.warning(
+            "restored the taints of GPUs %s from the published slices", sorted(monitor.faults)
+        )
+        monitor.set_devices(devices, in_use=None)
     return monitor

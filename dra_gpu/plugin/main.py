@@ -120,7 +120,16 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         settings, store=store, devices=devices, register_dra=dra_service.registrar(state)
     )
 
-    monitor = health_monitor.for_plugin(settings, rules=rules, devices=devices, plugin=plugin)
+    try:
+        published = store.list_slices()
+    except errors.ApiError as err:
+        log.warning(
+            "cannot read the published slices; taints from before a restart are lost: %s", err
+        )
+        published = []
+    monitor = health_monitor.for_plugin(
+        settings, rules=rules, devices=devices, plugin=plugin, published=published
+    )
 
     def set_devices(new: Sequence[Device]) -> None:
         nonlocal current

@@ -2,8 +2,9 @@
 
 The plugin of ``gpu-h200`` (eight simulated H200s) is restarted with a short quiet period;
 events are injected through its command file (``dra-gpu health inject``). Then:
-- an application XID (13) changes nothing; XID 92 taints its GPU NoSchedule, and a new claim
-  that can only use that GPU is not allocated;
+- an application XID (13) changes nothing; XID 92 taints its GPU NoSchedule (a restart of the
+  plugin keeps the taint as it was), and a new claim that can only use that GPU is not
+  allocated;
 - XID 48 (double-bit ECC) taints the GPU of a running Deployment's pod NoExecute: the control
   plane (device-taint-eviction controller) evicts the pod, its claim is released, and the
   replacement lands on a healthy GPU;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,11 @@ def taints(kube: Kube) -> dict[str, list[tuple[str, str]]]:
         for name, d in node_devices(kube).items()
         if d.get("taints")
     }
+
+
+def restored(plugin: PluginProcess) -> int:
+    """How often the plugin restored taints at its start (the log is kept across restarts)."""
+    return plugin.log_path.read_text(errors="replace").count("restored the taints")
 
 
 def pod_spec(claim: dict[str, Any]) -> dict[str, Any]:
@@ -130,6 +137,17 @@ def test_taints_keep_new_claims_off_evict_pods_and_clear(
         inject(state, "inject", "gpu-1", "xid", "92")
         seen = wait_for("gpu-1 tainted", lambda: taints(kube) or None, timeout=30)
         assert seen == {"gpu-1": [("gpu.nvidia.com/xid-92", "NoSchedule")]}
+
+        # a restarted plugin keeps the taint as it was (restored from its slices)
+        before = node_devices(kube)["gpu-1"]["taints"]
+        registrations, restores = plugin.registrations(), restored(plugin)
+        plugin.stop()
+        plugin.start()
+        plugin.wait_registered(after=registrations)
+        assert restored(plugin) == restores + 1
+        for _ in range(6):  # the new instance has published by now: nothing may change
+            assert node_devices(kube)["gpu-1"]["taints"] == before
+            time.sleep(0.5)
 
         uuid1 = devices["gpu-1"]["attributes"]["uuid"]["string"]
         kube.create(

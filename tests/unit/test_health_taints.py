@@ -255,3 +255,28 @@ def test_health_stream_shows_faults_and_recovery() -> None:
     assert feed.snapshot().devices["gpu-1"].health == "UNHEALTHY"
     feed.set_faults({})
     assert {s.health for s in feed.snapshot().devices.values()} == {"HEALTHY"}
+
+
+def test_a_restart_restores_the_published_taints_unchanged() -> None:
+    devs = devices()
+    mig = next(d for d in devs if d.name == "gpu-1-mig-2g10gb-14-0")
+    faults = fault_on(mig.gpu.uuid, code=94)
+    taints = device_taints.device_taints(DRIVER, devs, faults)
+    taints["gpu-0"] = [{"key": "example.com/pinned", "value": "rma", "effect": "NoExecute"}]
+    published = slices.build_resource_slices(
+        devices=devs,
+        driver_name=DRIVER,
+        node_name="n",
+        pool_generation=1,
+        node_owner=None,
+        taints=taints,
+    )
+    later = T0 + 3600
+    restored = device_taints.restore(published, driver=DRIVER, devices=devs, now=later)
+    assert list(restored) == [mig.gpu.uuid]  # someone else's taint is not ours to restore
+    again = device_taints.device_taints(DRIVER, devs, restored)
+    assert again == {k: v for k, v in taints.items() if k != "gpu-0"}  # same value, same time
+    # the quiet period starts again at the restart
+    assert device_taints.recovered(restored, now=later + 29, quiet_s=30, healthy=bool) == []
+    gone = [d for d in devs if not d.name.startswith("gpu-1-")]
+    assert device_taints.restore(published, driver=DRIVER, devices=gone, now=later) == {}
