@@ -10,8 +10,9 @@ events are injected through its command file (``dra-gpu health inject``). Then:
   replacement lands on a healthy GPU;
 - XID 94 (NoSchedule) under the running replacement leaves it running, and the kubelet shows
   its device Unhealthy in the pod's ``allocatedResourcesStatus``;
-- after the quiet period the taints are gone, the waiting claim gets its GPU and the
-  replacement's device is Healthy again.
+- after the quiet period the driver's taints are gone, but an administrator's DeviceTaintRule
+  still keeps the waiting claim off gpu-1; once the rule is deleted the claim gets its GPU, and
+  the replacement's device is Healthy again.
 The node's usual plugin is restored afterwards.
 """
 
@@ -35,6 +36,7 @@ from e2e.suite.kube import Kube, wait_for
 NODE = "gpu-h200"
 QUIET_S = 25
 IMAGE = "localhost/dra-gpu/busybox:1.35"
+PIN = "test-pin-gpu-h200-gpu-1"
 
 
 def inject(state_dir: Path, *args: str) -> None:
@@ -59,6 +61,22 @@ def taints(kube: Kube) -> dict[str, list[tuple[str, str]]]:
         name: [(t["key"], t["effect"]) for t in d["taints"]]
         for name, d in node_devices(kube).items()
         if d.get("taints")
+    }
+
+
+def pin_rule(name: str, device: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": name},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": NODE, "device": device},
+            "taint": {
+                "key": "example.com/pinned",
+                "value": "waiting-for-rma",
+                "effect": "NoSchedule",
+            },
+        },
     }
 
 
@@ -126,6 +144,7 @@ def test_taints_keep_new_claims_off_evict_pods_and_clear(
     namespace = f"taints-{uuid.uuid4().hex[:6]}"
     registered = usual.registrations()
     usual.stop()
+    pinned = False
     try:
         plugin.start()
         plugin.wait_registered(after=registered)
@@ -227,8 +246,18 @@ def test_taints_keep_new_claims_off_evict_pods_and_clear(
         )
         assert kube.pod(namespace, replacement)["status"]["phase"] == "Running"
 
-        # quiet period over: every taint goes, and the waiting claim gets gpu-1
+        # an administrator pins gpu-1 with a DeviceTaintRule (docs/device-health.md)
+        kube.custom.create_cluster_custom_object(
+            "resource.k8s.io", "v1", "devicetaintrules", pin_rule(PIN, "gpu-1")
+        )
+        pinned = True
+
+        # quiet period over: every taint of the driver goes, but the pin holds
         wait_for("the taints cleared", lambda: not taints(kube) or None, timeout=QUIET_S + 60)
+        time.sleep(5)
+        assert kube.pod(namespace, "wants-gpu-1")["status"].get("phase") == "Pending"
+        kube.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "devicetaintrules", PIN)
+        pinned = False
 
         def on_gpu1() -> bool | None:
             pod = kube.pod(namespace, "wants-gpu-1")
@@ -238,6 +267,10 @@ def test_taints_keep_new_claims_off_evict_pods_and_clear(
         wait_for("wants-gpu-1 running on gpu-1", on_gpu1, timeout=120)
         wait_for(f"{good} Healthy again", lambda: health_of_good() == "Healthy" or None, timeout=60)
     finally:
+        if pinned:
+            kube.custom.delete_cluster_custom_object(
+                "resource.k8s.io", "v1", "devicetaintrules", PIN
+            )
         kube.delete_namespace(namespace)
         plugin.stop()
         usual.start()

@@ -280,3 +280,16 @@ def test_a_restart_restores_the_published_taints_unchanged() -> None:
     assert device_taints.recovered(restored, now=later + 29, quiet_s=30, healthy=bool) == []
     gone = [d for d in devs if not d.name.startswith("gpu-1-")]
     assert device_taints.restore(published, driver=DRIVER, devices=gone, now=later) == {}
+
+
+def test_the_health_command_appends_what_the_plugin_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dra_gpu import cli
+
+    reader = health_events.CommandFile(tmp_path / health_events.FILE_NAME)
+    assert cli.main(["health", "--state-dir", str(tmp_path), "inject", "gpu-1", "xid", "79"]) == 0
+    assert cli.main(["health", "--state-dir", str(tmp_path), "clear", "gpu-1"]) == 0
+    assert [c for _, c in reader.read()] == [Injected("gpu-1", "xid", 79), Clear("gpu-1")]
+    assert cli.main(["health", "--state-dir", str(tmp_path), "inject", "gpu-1", "xid"]) == 2
+    assert "needs its XID" in capsys.readouterr().err
