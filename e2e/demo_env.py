@@ -62,6 +62,7 @@ class NodeInfo:
     cdi_root: str
     plugin_log: str
     note: str = ""  # why a node is simulated, when a real one was wanted
+    state_dir: str = ""  # the plugin's state directory (its health command file is there)
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,7 @@ class Environment:
                 cdi_root=str(plugin.dirs.cdi_root),
                 plugin_log=str(plugin.log_path),
                 note=note,
+                state_dir=str(plugin.dirs.state),
             )
         )
         plugin.start()
