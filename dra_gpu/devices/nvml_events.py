@@ -13,6 +13,10 @@ Design:
   the bounded caller refuses new ones instead of piling up threads. A GPU that cannot be
   registered is reported and the others are still watched.
 - An event on a MIG device names its GPU: the whole GPU is affected.
+- ECC counters are a second source: every ``ecc_poll_s`` the loop reads each GPU's volatile
+  uncorrected ECC count (``nvmlDeviceGetTotalEccErrors``) and reports a rise as an
+  ``ecc-double-bit`` event, in case the event itself was missed (a reopened set, a driver
+  that does not deliver it). A GPU without ECC (NOT_SUPPORTED) is not polled.
 
 ``python -m dra_gpu.devices.nvml_events --watch 60`` opens the loop on this machine's GPUs,
 prints what each GPU supports and every event for 60 seconds, as JSON lines.
@@ -82,6 +86,7 @@ class GpuWatch:
     supported: int
     registered: int
     error: str = ""
+    ecc_uncorrected: int | None = None  # the volatile count at start; None: not readable
 
     def report(self) -> dict[str, Any]:
         return {
@@ -91,6 +96,7 @@ class GpuWatch:
             "supportedKinds": kind_names(self.supported),
             "registered": f"{self.registered:#06x}",
             "registeredKinds": kind_names(self.registered),
+            "eccUncorrected": self.ecc_uncorrected,
             **({"error": self.error} if self.error else {}),
         }
 
@@ -115,6 +121,7 @@ class NvmlEventLoop:
         call_timeout_s: float = 10.0,
         wait_ms: int = 1000,
         retry_s: float = 30.0,
+        ecc_poll_s: float = 60.0,
         driver_root: Path = Path("/"),
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -129,6 +136,8 @@ class NvmlEventLoop:
         self._caller = BoundedCaller(timeout_s=call_timeout_s, name="nvml-events")
         self._wait_ms = wait_ms
         self._retry_s = retry_s
+        self._ecc_poll_s = ecc_poll_s
+        self._ecc: dict[str, tuple[Any, int]] = {}  # GPU UUID -> (handle, last count)
         self._driver_root = driver_root
         self._clock = clock
         self._set: Any = None
@@ -161,7 +170,7 @@ class NvmlEventLoop:
         except (NvmlEventError, CallTimeoutError):
             self.close()
             raise
-        self._uuids = {}
+        self._uuids, self._ecc = {}, {}
         self.watching = [self._register(index) for index in range(count)]
         return self.watching
 
@@ -178,6 +187,9 @@ class NvmlEventLoop:
             log.error("GPU index %d: health events not watched: %s", index, err)
             return GpuWatch(index, uuid, supported, 0, str(err))
         self._uuids[_handle_key(handle)] = uuid
+        ecc = self._ecc_count(handle)
+        if ecc is not None:
+            self._ecc[uuid] = (handle, ecc)
         log.info(
             "GPU index %d (%s): watching %s (supported %#06x)",
             index,
@@ -185,7 +197,35 @@ class NvmlEventLoop:
             ", ".join(kind_names(wanted)) or "nothing",
             supported,
         )
-        return GpuWatch(index, uuid, supported, wanted)
+        return GpuWatch(index, uuid, supported, wanted, ecc_uncorrected=ecc)
+
+    def _ecc_count(self, handle: Any) -> int | None:
+        """The volatile uncorrected ECC count, or None where it cannot be read (no ECC)."""
+        try:
+            return int(
+                self._call(
+                    "nvmlDeviceGetTotalEccErrors",
+                    handle,
+                    self._nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    self._nvml.NVML_VOLATILE_ECC,
+                )
+            )
+        except (NvmlEventError, CallTimeoutError) as err:
+            log.debug("ECC count not readable: %s", err)
+            return None
+
+    def poll_counters(self) -> list[HealthEvent]:
+        """``ecc-double-bit`` events for the GPUs whose uncorrected ECC count went up."""
+        events: list[HealthEvent] = []
+        for uuid, (handle, before) in sorted(self._ecc.items()):
+            now = self._ecc_count(handle)
+            if now is None:
+                continue
+            self._ecc[uuid] = (handle, now)
+            if now > before:
+                log.warning("GPU %s: uncorrected ECC errors %d -> %d", uuid, before, now)
+                events.append(HealthEvent(uuid, "ecc-double-bit", now, self._clock()))
+        return events
 
     def close(self) -> None:
         """Free the event set and shut NVML down; failures are logged (a wedged driver)."""
@@ -233,10 +273,15 @@ class NvmlEventLoop:
             try:
                 if self._set is None:
                     self.open()
+                polled = time.monotonic()
                 while not stop.is_set():
                     event = self.wait_once()
                     if event is not None:
                         self._on_event(event)
+                    if time.monotonic() - polled >= self._ecc_poll_s:
+                        polled = time.monotonic()
+                        for counted in self.poll_counters():
+                            self._on_event(counted)
             except (NvmlEventError, CallTimeoutError) as err:
                 log.error("NVML health events: %s; trying again in %gs", err, self._retry_s)
             except Exception:

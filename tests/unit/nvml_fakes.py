@@ -41,6 +41,7 @@ class FakeGpu:
     addressing_mode: int | None = 0  # None: NOT_SUPPORTED
     mig_table: migprofiles.MigTable = migprofiles.H200_141GB
     migs: list[FakeMig] = field(default_factory=list)
+    ecc_uncorrected: int | None = 0  # None: NOT_SUPPORTED (ECC off)
 
 
 class FakeNvml:
@@ -238,3 +239,9 @@ class FakeNvml:
         if gpu is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return gpu
+
+    def nvmlDeviceGetTotalEccErrors(self, h: FakeGpu, error_type: int, counter: int) -> int:
+        self._enter("nvmlDeviceGetTotalEccErrors", h.index)
+        if h.ecc_uncorrected is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return h.ecc_uncorrected

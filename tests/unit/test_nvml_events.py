@@ -1,6 +1,7 @@
 """The NVML event loop against the fake NVML: what the H200 supports is reported and only
 health events are registered; events reach the listener with their GPU; the ``--watch`` report
-stays quiet when nothing happens; a wedged wait does not hang the loop, which opens again."""
+stays quiet when nothing happens; a wedged wait does not hang the loop, which opens again; a
+rising uncorrected ECC count is reported once."""
 
 from __future__ import annotations
 
@@ -106,3 +107,14 @@ def test_probe_asks_the_gpu(fake: FakeNvml) -> None:
     assert loop.probe("GPU-0")
     fake.fail[("nvmlDeviceGetPciInfo", 0)] = pynvml.NVML_ERROR_GPU_IS_LOST
     assert not loop.probe("GPU-0")
+
+
+def test_a_rising_ecc_count_is_reported_when_the_event_was_missed(fake: FakeNvml) -> None:
+    fake.gpus[1].ecc_uncorrected = None  # ECC off: not polled
+    loop = loop_on(fake, [])
+    first, second = loop.open()
+    assert (first.ecc_uncorrected, second.ecc_uncorrected) == (0, None)
+    assert loop.poll_counters() == []
+    fake.gpus[0].ecc_uncorrected = 2
+    assert loop.poll_counters() == [HealthEvent("GPU-0", "ecc-double-bit", 2, 5.0)]
+    assert loop.poll_counters() == []  # reported once per rise
