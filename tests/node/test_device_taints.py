@@ -18,6 +18,7 @@ The node's usual plugin is restored afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import REAL_NODE_SELECTOR
+from plugin_swap import replacing
 from test_pod_device_health import device_health
 
 from e2e.cluster import Cluster
@@ -142,13 +144,18 @@ def test_taints_keep_new_claims_off_evict_pods_and_clear(
     )
     state = plugin.dirs.state
     namespace = f"taints-{uuid.uuid4().hex[:6]}"
-    registered = usual.registrations()
-    usual.stop()
     pinned = False
-    try:
-        plugin.start()
-        plugin.wait_registered(after=registered)
+    with replacing(usual, plugin), contextlib.ExitStack() as cleanup:
         kube.create_namespace(namespace)
+        cleanup.callback(kube.delete_namespace, namespace)
+
+        def unpin() -> None:
+            if pinned:
+                kube.custom.delete_cluster_custom_object(
+                    "resource.k8s.io", "v1", "devicetaintrules", PIN
+                )
+
+        cleanup.callback(unpin)
         devices = wait_for("gpu-h200's slices", lambda: node_devices(kube) or None, timeout=60)
 
         # application XID on gpu-0, then XID 92 on gpu-1: once gpu-1 shows, gpu-0 was handled
@@ -266,12 +273,3 @@ def test_taints_keep_new_claims_off_evict_pods_and_clear(
 
         wait_for("wants-gpu-1 running on gpu-1", on_gpu1, timeout=120)
         wait_for(f"{good} Healthy again", lambda: health_of_good() == "Healthy" or None, timeout=60)
-    finally:
-        if pinned:
-            kube.custom.delete_cluster_custom_object(
-                "resource.k8s.io", "v1", "devicetaintrules", PIN
-            )
-        kube.delete_namespace(namespace)
-        plugin.stop()
-        usual.start()
-        usual.wait_registered(after=0)

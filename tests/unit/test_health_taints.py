@@ -175,13 +175,17 @@ def monitor(
     return mon, published, clock, path
 
 
+def send(mon: HealthMonitor, path: Path, command: health_events.Command) -> None:
+    """What ``dra-gpu health`` writes, read by the monitor as its loop would."""
+    health_events.append(path, command)
+    mon.read_commands()
+
+
 def test_injected_events_taint_and_recover_after_the_quiet_period(tmp_path: Path) -> None:
     mon, published, clock, path = monitor(tmp_path)
-    health_events.append(path, Injected("gpu-2", "xid", 13))
-    mon.read_commands()
+    send(mon, path, Injected("gpu-2", "xid", 13))
     assert published.calls == []  # an application XID changes nothing
-    health_events.append(path, Injected("gpu-2", "xid", 48))
-    mon.read_commands()
+    send(mon, path, Injected("gpu-2", "xid", 48))
     assert list(published.taints) == ["gpu-2"]
     assert "XID 48: double-bit ECC error (NoExecute" in published.calls[-1]["faults"]["gpu-2"]
     clock.now += 29
@@ -192,14 +196,12 @@ def test_injected_events_taint_and_recover_after_the_quiet_period(tmp_path: Path
 
 def test_a_lost_gpu_keeps_its_taints(tmp_path: Path) -> None:
     mon, published, clock, path = monitor(tmp_path, probe=False)
-    health_events.append(path, Injected("gpu-1", "xid", 79))
-    mon.read_commands()
+    send(mon, path, Injected("gpu-1", "xid", 79))
     clock.now += 3600
     assert mon.recover() == [] and list(published.taints) == ["gpu-1"]
     # gone from discovery (probe or not): still not recovered
     mon2, _, clock2, path2 = monitor(tmp_path / "b")
-    health_events.append(path2, Injected("gpu-1", "xid", 79))
-    mon2.read_commands()
+    send(mon2, path2, Injected("gpu-1", "xid", 79))
     mon2.set_devices([d for d in devices("h200x8") if d.name != "gpu-1"], in_use=None)
     clock2.now += 3600
     assert mon2.recover() == []
@@ -207,11 +209,9 @@ def test_a_lost_gpu_keeps_its_taints(tmp_path: Path) -> None:
 
 def test_an_administrator_clears_a_gpu(tmp_path: Path) -> None:
     mon, published, _, path = monitor(tmp_path)
-    health_events.append(path, Injected("gpu-5", "ecc-double-bit"))
-    mon.read_commands()
+    send(mon, path, Injected("gpu-5", "ecc-double-bit"))
     assert list(published.taints) == ["gpu-5"]
-    health_events.append(path, Clear("gpu-5"))
-    mon.read_commands()
+    send(mon, path, Clear("gpu-5"))
     assert published.taints == {}
 
 
@@ -219,13 +219,11 @@ def test_real_gpus_take_no_injected_events_but_take_clears(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     mon, published, _, path = monitor(tmp_path, simulated=False)
-    health_events.append(path, Injected("gpu-5", "xid", 79))
-    mon.read_commands()
+    send(mon, path, Injected("gpu-5", "xid", 79))
     assert published.calls == []
     assert "accepted only on simulated nodes" in caplog.text
     mon.submit(HealthEvent(devices("h200x8")[5].gpu.uuid, "xid", 79, T0))  # from NVML
-    health_events.append(path, Clear("gpu-5"))
-    mon.read_commands()
+    send(mon, path, Clear("gpu-5"))
     assert published.taints == {}
 
 
@@ -237,8 +235,7 @@ def test_bad_command_lines_are_reported_and_skipped(
         f.write(
             '{"device": "gpu-1", "kind": "xid"}\nnot json\n{"device": "gpu-9", "clear": true}\n'
         )
-    health_events.append(path, Injected("gpu-1", "xid", 74))
-    mon.read_commands()
+    send(mon, path, Injected("gpu-1", "xid", 74))
     assert list(published.taints) == ["gpu-1"]
     assert "needs its XID" in caplog.text and "not JSON" in caplog.text
     assert "no device 'gpu-9'" in caplog.text
