@@ -76,6 +76,17 @@ def test_bad_configuration_names_the_entry(tmp_path: Path, text: str, named: str
         health_rules.load_rules(path)
 
 
+def published_slices(devs: list[Device], taints: dict[str, Any]) -> list[dict[str, Any]]:
+    return slices.build_resource_slices(
+        devices=devs,
+        driver_name=DRIVER,
+        node_name="n",
+        pool_generation=1,
+        node_owner=None,
+        taints=taints,
+    )
+
+
 def fault_on(gpu: str, kind: str = "xid", code: int = 79, at: float = T0) -> device_taints.Faults:
     event = HealthEvent(gpu, kind, code, at)
     return device_taints.record({}, event, health_rules.Rules().classify(kind, code))
@@ -94,14 +105,7 @@ def test_a_fault_taints_the_gpu_and_its_mig_devices() -> None:
         "effect": "NoExecute",
         "timeAdded": "2025-12-01T11:24:38Z",
     }
-    body = slices.build_resource_slices(
-        devices=devs,
-        driver_name=DRIVER,
-        node_name="n",
-        pool_generation=1,
-        node_owner=None,
-        taints=taints,
-    )
+    body = published_slices(devs, taints)
     published = {d["name"]: d.get("taints") for s in body for d in s["spec"]["devices"]}
     assert published[mig.name] == [taint] and published["gpu-0"] is None
 
@@ -260,14 +264,7 @@ def test_a_restart_restores_the_published_taints_unchanged() -> None:
     faults = fault_on(mig.gpu.uuid, code=94)
     taints = device_taints.device_taints(DRIVER, devs, faults)
     taints["gpu-0"] = [{"key": "example.com/pinned", "value": "rma", "effect": "NoExecute"}]
-    published = slices.build_resource_slices(
-        devices=devs,
-        driver_name=DRIVER,
-        node_name="n",
-        pool_generation=1,
-        node_owner=None,
-        taints=taints,
-    )
+    published = published_slices(devs, taints)
     later = T0 + 3600
     restored = device_taints.restore(published, driver=DRIVER, devices=devs, now=later)
     assert list(restored) == [mig.gpu.uuid]  # someone else's taint is not ours to restore
