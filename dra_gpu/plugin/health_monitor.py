@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JSON = device_taints.JSON
-Publish = Callable[..., None]  # NodePlugin.set_health
+Publish = Callable[..., None]  # NodePlugin.set_devices
 Probe = Callable[[str], bool]  # GPU UUID -> it answers
 
 
@@ -203,7 +203,7 @@ def for_plugin(
         rules=rules,
         driver=settings.driver_name,
         devices=devices,
-        publish=plugin.set_health,
+        publish=plugin.set_devices,
         probe=loop.probe if loop is not None else lambda gpu: True,
         commands=CommandFile(settings.state_dir / FILE_NAME),
         accept_injected=simulated,

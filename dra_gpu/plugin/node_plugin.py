@@ -122,15 +122,7 @@ class NodePlugin:
         path = socket_paths(dataclasses.replace(self._settings, pod_uid=other.name)).registration
         return sockets.accepts(path)
 
-    def set_devices(self, devices: Sequence[Device], *, in_use: Collection[str] | None) -> None:
-        """A new inventory: publish it and report its devices' health.
-
-        ``in_use``: devices in prepared claims, which stay listed (UNHEALTHY) if they are gone;
-        None when that is unknown, so every device that is gone stays listed.
-        """
-        self.set_health(devices, in_use=in_use)
-
-    def set_health(
+    def set_devices(
         self,
         devices: Sequence[Device],
         *,
@@ -138,8 +130,13 @@ class NodePlugin:
         taints: Mapping[str, Sequence[publisher.JSON]] | None = None,
         faults: Mapping[str, str] | None = None,
     ) -> None:
-        """The inventory with its devices' taints (device name -> taints) and faults (device
-        name -> why it is unhealthy), published in the slices and the health stream."""
+        """A new inventory, or new faults: publish the slices and report the devices' health.
+
+        ``in_use``: devices in prepared claims, which stay listed (UNHEALTHY) if they are gone;
+        None when that is unknown, so every device that is gone stays listed. ``taints``:
+        device name -> its taints; ``faults``: device name -> why it is unhealthy (both from
+        ``health_monitor``, which calls this whenever either changes).
+        """
         self.publisher.set_inventory(renderer(self._settings, devices, taints))
         self.health.set_faults(faults or {})
         self.health.set_devices([d.name for d in devices], in_use=in_use)
