@@ -112,7 +112,7 @@ def main() -> int:
             kubeconfig=kubeconfig,
             profile="h200x8",
             dirs=dirs,
-            extra=("--log-level", "WARNING"),
+            extra=("--log-level", "ERROR"),  # each taint is a WARNING: not for the figures
         )
         proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
         watch = TaintWatch(api, node)
