@@ -253,6 +253,7 @@ def explore_text(state: DemoState) -> str:
         f"  ls {' '.join(sorted({n.cdi_root for n in state.nodes}))}",
         f"  (or, without the alias: {kubectl} get resourceslices)",
         "",
+        *_health_text(state),
         "Tear down:",
         "  .venv/bin/python -m e2e.demo down",
     ]
@@ -270,6 +271,21 @@ def result_text(state: DemoState, rows: Sequence[demo_view.Row]) -> str:
     head = demo_view.heading(notes, logs, some_real=some_real)
     parts = [head, demo_view.render_table(rows), explore_text(state)]
     return "\n".join(parts + (["", *notice] if notice else []))
+
+
+def _health_text(state: DemoState) -> list[str]:
+    """How to show device health: inject an XID on the first node's GPU, see the taint."""
+    node = next((n for n in state.nodes if n.state_dir and n.profile == "h200x8"), None)
+    if node is None:
+        return []
+    health = f".venv/bin/python -m dra_gpu health --state-dir {node.state_dir}"
+    return [
+        "Device health (docs/device-health.md): an XID on a GPU of node " + node.name + ":",
+        f"  {health} inject gpu-3 xid 79",
+        "  kubectl get resourceslices -o yaml | grep -A4 'taints:'",
+        f"  {health} clear gpu-3",
+        "",
+    ]
 
 
 def cmd_run(_: argparse.Namespace) -> int:

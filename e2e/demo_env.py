@@ -79,6 +79,7 @@ class NodeInfo:
     plugin_log: str
     note: str = ""  # why a node is simulated, when a real one was wanted
     note_log: str = ""  # the log that tells more, when a real node failed
+    state_dir: str = ""  # the plugin's state directory (its health command file is there)
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,7 @@ class Environment:
                 plugin_log=str(plugin.log_path),
                 note=note,
                 note_log=note_log,
+                state_dir=str(plugin.dirs.state),
             )
         )
         plugin.start()

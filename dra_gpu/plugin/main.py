@@ -86,11 +86,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
+    from dra_gpu.devices import health_rules
     from dra_gpu.kube import errors
     from dra_gpu.kube.client import connect
-    from dra_gpu.plugin import checkpoint, dra_service, inventory, node_plugin, slice_api, sockets
+    from dra_gpu.plugin import (
+        checkpoint,
+        dra_service,
+        health_monitor,
+        inventory,
+        node_plugin,
+        slice_api,
+        sockets,
+    )
 
     try:
+        rules = health_rules.load_rules(settings.health_config)
         backend = inventory.backend_for(
             simulate=settings.simulate,
             node_name=settings.node_name,
@@ -99,7 +109,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         devices, discovery_errors = inventory.discover_with_errors(backend)
         inventory.log_errors(discovery_errors)
         client = connect(settings.kubeconfig)
-    except (inventory.InventoryError, errors.ApiError) as err:
+    except (inventory.InventoryError, errors.ApiError, health_rules.HealthConfigError) as err:
         log.error("cannot start: %s", err)
         return 1
     store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
@@ -110,10 +120,21 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         settings, store=store, devices=devices, register_dra=dra_service.registrar(state)
     )
 
+    try:
+        published = store.list_slices()
+    except errors.ApiError as err:
+        log.warning(
+            "cannot read the published slices; taints from before a restart are lost: %s", err
+        )
+        published = []
+    monitor = health_monitor.for_plugin(
+        settings, rules=rules, devices=devices, plugin=plugin, published=published
+    )
+
     def set_devices(new: Sequence[Device]) -> None:
         nonlocal current
         current = {d.name: d for d in new}
-        plugin.set_devices(new, in_use=state.prepared_devices())
+        monitor.set_devices(new, in_use=state.prepared_devices())
 
     log.info(
         "starting: node %s, driver %s, %d devices%s",
@@ -135,6 +156,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         )
         if watcher is not None:
             watcher.start(plugin.stop_event)
+        monitor.start(plugin.stop_event)
         while not stop.wait(0.5):
             pass
     except (sockets.SocketError, OSError) as err:

@@ -24,7 +24,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -52,8 +52,14 @@ DraRegistrar = Callable[[grpc.Server], None]
 DRA_GRACE_S = 10.0
 
 
-def renderer(settings: Settings, devices: Sequence[Device]) -> publisher.Renderer:
+def renderer(
+    settings: Settings,
+    devices: Sequence[Device],
+    taints: Mapping[str, Sequence[publisher.JSON]] | None = None,
+) -> publisher.Renderer:
+    """``taints``: device name -> its taints (``device_taints.device_taints``)."""
     frozen = tuple(devices)
+    frozen_taints = dict(taints or {})
 
     def render(node_uid: str) -> list[publisher.JSON]:
         return slices.build_resource_slices(
@@ -62,6 +68,7 @@ def renderer(settings: Settings, devices: Sequence[Device]) -> publisher.Rendere
             node_name=settings.node_name,
             pool_generation=0,
             node_owner=(settings.node_name, node_uid),
+            taints=frozen_taints,
         )
 
     return render
@@ -116,13 +123,23 @@ class NodePlugin:
         path = socket_paths(dataclasses.replace(self._settings, pod_uid=other.name)).registration
         return sockets.accepts(path)
 
-    def set_devices(self, devices: Sequence[Device], *, in_use: Collection[str] | None) -> None:
-        """A new inventory: publish it and report its devices' health.
+    def set_devices(
+        self,
+        devices: Sequence[Device],
+        *,
+        in_use: Collection[str] | None,
+        taints: Mapping[str, Sequence[publisher.JSON]] | None = None,
+        faults: Mapping[str, str] | None = None,
+    ) -> None:
+        """A new inventory, or new faults: publish the slices and report the devices' health.
 
         ``in_use``: devices in prepared claims, which stay listed (UNHEALTHY) if they are gone;
-        None when that is unknown, so every device that is gone stays listed.
+        None when that is unknown, so every device that is gone stays listed. ``taints``:
+        device name -> its taints; ``faults``: device name -> why it is unhealthy (both from
+        ``health_monitor``, which calls this whenever either changes).
         """
-        self.publisher.set_inventory(renderer(self._settings, devices))
+        self.publisher.set_inventory(renderer(self._settings, devices, taints))
+        self.health.set_faults(faults or {})
         self.health.set_devices([d.name for d in devices], in_use=in_use)
 
     def problem(self) -> str | None:
