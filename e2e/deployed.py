@@ -26,12 +26,14 @@ kube-proxy), then runs these checks in order and prints one line per check and a
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kubernetes.client import ApiException
@@ -45,6 +47,7 @@ from e2e.suite.scenarios import BY_NAME, SCENARIOS
 
 TIMEOUT_S = 180.0
 FAILED_PREPARE = "FailedPrepareDynamicResources"
+PROBES_HELD = 4
 
 
 def _stderr(line: str) -> None:
@@ -103,6 +106,10 @@ class Checks:
 
     def node_slices(self, node: str) -> list[dict[str, Any]]:
         return [s for s in self.kube.slices() if s["spec"].get("nodeName") == node]
+
+    def registration_sockets(self, node: str) -> list[Path]:
+        registry = self.env.nodes[node].paths.plugin_registry_dir
+        return list(registry.glob("gpu.nvidia.com-*-reg.sock"))
 
     def start_running(self, scenario: str) -> runner.Run:
         """``runner.start`` of a scenario, retried while the API server cannot reach the
@@ -183,9 +190,7 @@ class Checks:
             image = pod["spec"]["containers"][0]["image"]
             if image != f"dra-gpu:{TAGS[0]}":
                 problems.append(f"{release.name}: plugin image {image}")
-            node = self.env.nodes[release.node]
-            sockets = list(node.paths.plugin_registry_dir.glob("gpu.nvidia.com-*-reg.sock"))
-            if not sockets:
+            if not self.registration_sockets(release.node):
                 problems.append(f"{release.node}: no registration socket in the kubelet's dir")
             if not self.node_slices(release.node):
                 problems.append(f"{release.node}: no ResourceSlices")
@@ -273,20 +278,39 @@ class Checks:
                         failed_prepares.append(text)
 
         during: list[tuple[float, str]] = []  # (create -> Running seconds, problem or "")
+        live: list[runner.Run] = []  # started during the rollout, finished after it
 
         def probe_pods() -> None:
+            # One new GPU pod after another while the rollout goes on; at most PROBES_HELD keep
+            # their GPU (the oldest is deleted first), so the node never runs out of them.
             while not stop.is_set():
+                if len(live) >= PROBES_HELD:
+                    problems = runner.finish(self.ctx, live.pop(0))
+                    during.extend((0.0, p) for p in problems)
                 started = time.monotonic()
                 try:
-                    run = self.start_running("one-gpu")
-                    took = time.monotonic() - started
-                    problems = runner.finish(self.ctx, run)
-                    during.append((took, "; ".join(problems)))
+                    live.append(self.start_running("one-gpu"))
+                    during.append((time.monotonic() - started, ""))
                 except Exception as exc:
                     during.append((time.monotonic() - started, str(exc)))
 
+        unregistered: dict[str, float] = {r.node: 0.0 for r in RELEASES}
+
+        def watch_registration() -> None:
+            # The kubelet can prepare only through a registered plugin: time with no
+            # registration socket in a node's registry directory is time prepare would fail.
+            last = time.monotonic()
+            while not stop.wait(0.05):
+                now = time.monotonic()
+                for node, seconds in unregistered.items():
+                    if not self.registration_sockets(node):
+                        unregistered[node] = seconds + (now - last)
+                last = now
+
         watcher = threading.Thread(target=watch_events, daemon=True)
         prober = threading.Thread(target=probe_pods, daemon=True)
+        registration = threading.Thread(target=watch_registration, daemon=True)
+        registration.start()
         old_pods = {r.name: {p["metadata"]["name"] for p in self.plugin_pods(r)} for r in RELEASES}
         watcher.start()
         prober.start()
@@ -301,6 +325,11 @@ class Checks:
         finally:
             stop.set()
             prober.join(timeout=TIMEOUT_S * 2)
+            registration.join()
+        for node, seconds in unregistered.items():
+            self.report.figures[f"no plugin registered during the upgrade, {node} (s)"] = seconds
+            if seconds:
+                problems.append(f"{node}: no plugin registered for {seconds:.2f} s")
         for release in RELEASES:
             pods = self.plugin_pods(release)
             images = {p["spec"]["containers"][0]["image"] for p in pods}
@@ -308,14 +337,16 @@ class Checks:
                 problems.append(f"{release.name}: plugin images after the upgrade {images}")
             if {p["metadata"]["name"] for p in pods} & old_pods[release.name]:
                 problems.append(f"{release.name}: an old plugin pod is still there")
-        for run in holding:
+        for run in [*holding, *live]:
             problems += runner.finish(self.ctx, run)
         problems += self._unprepared_by_new(holding)
         after = self.start_running("one-gpu")
         problems += runner.finish(self.ctx, after)
         time.sleep(1.0)  # the event watcher's last poll
         watcher.join(timeout=0)
-        self.report.figures["pods started during the upgrade"] = float(len(during))
+        self.report.figures["pods started during the upgrade"] = float(
+            sum(1 for t, _ in during if t)
+        )
         if during:
             self.report.figures["slowest create -> Running during the upgrade (s)"] = max(
                 t for t, _ in during
@@ -377,6 +408,15 @@ class Checks:
         group, version = RESOURCE
         for name in (GPU_CLASS, MIG_CLASS):  # documented to stay
             self.kube.custom.get_cluster_custom_object(group, version, "deviceclasses", name)
+        for release in RELEASES:  # the kubelet deletes the slices once no plugin comes back
+            try:
+                wait_for(
+                    f"the kubelet to delete the ResourceSlices of {release.node}",
+                    lambda n=release.node: not self.node_slices(n),
+                    timeout=TIMEOUT_S,
+                )
+            except AssertionError as exc:
+                problems.append(str(exc))
         for release in RELEASES:  # documented to stay: the checkpoint
             data = self.env.nodes[release.node].paths.plugins_dir / "gpu.nvidia.com"
             if not any(data.glob("*checkpoint*")):
@@ -418,7 +458,11 @@ def main() -> int:
         env.down()
     for key, value in report.figures.items():
         print(f"  {key}: {value:.1f}")
-    print(f"(workdir {env.workdir}; {time.monotonic() - started:.0f} s)")
+    if report.failed or not report.results:
+        print(f"logs kept in {env.workdir}")
+    else:
+        shutil.rmtree(env.workdir, ignore_errors=True)
+    print(f"took {time.monotonic() - started:.0f} s")
     print(f"{report.passed} passed, {report.failed} failed")
     return 1 if report.failed or not report.results else 0
 
