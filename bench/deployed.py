@@ -24,17 +24,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from e2e.deployed import Checks, Report
+from e2e.deployed import Checks, Report, deployed
 from e2e.deployed_env import DeployedEnv
 
 
 def main() -> int:
     report = Report()
-    env = DeployedEnv()
-    try:
-        env.up()
-        for tag, image in env.images.items():
-            report.figures[f"image dra-gpu:{tag} size (MiB)"] = image.size_bytes / 2**20
+    with deployed(DeployedEnv(), report) as env:
         checks = Checks(env, report, log=lambda line: None)
         for name, body in (
             ("install", checks.install),
@@ -43,8 +39,6 @@ def main() -> int:
         ):
             if not checks.check(name, body):
                 break
-    finally:
-        env.down()
     print()
     for key, value in report.figures.items():
         print(f"{key:70} {value:8.2f}")

@@ -26,12 +26,14 @@ kube-proxy), then runs these checks in order and prints one line per check and a
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import shutil
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,12 @@ class Checks:
 
     def node_slices(self, node: str) -> list[dict[str, Any]]:
         return [s for s in self.kube.slices() if s["spec"].get("nodeName") == node]
+
+    def no_slices(self, node: str) -> bool:
+        return not self.node_slices(node)
+
+    def no_plugin_pods(self, release: Release) -> bool:
+        return not self.plugin_pods(release)
 
     def registration_sockets(self, node: str) -> list[Path]:
         registry = self.env.nodes[node].paths.plugin_registry_dir
@@ -391,7 +399,7 @@ class Checks:
             if self.plugin_pods(release):
                 wait_for(
                     f"{release.name} plugin pods gone",
-                    lambda r=release: not self.plugin_pods(r),
+                    functools.partial(self.no_plugin_pods, release),
                     timeout=TIMEOUT_S,
                 )
         cluster_left = self.env.cluster.kubectl(
@@ -412,7 +420,7 @@ class Checks:
             try:
                 wait_for(
                     f"the kubelet to delete the ResourceSlices of {release.node}",
-                    lambda n=release.node: not self.node_slices(n),
+                    functools.partial(self.no_slices, release.node),
                     timeout=TIMEOUT_S,
                 )
             except AssertionError as exc:
@@ -436,10 +444,22 @@ def run(env: DeployedEnv, report: Report, *, log: Callable[[str], None] = _stder
     ):
         checks.check(name, body)
     for scenario in SCENARIOS:
-        checks.check(f"scenario {scenario.name}", lambda s=scenario.name: checks.scenario(s))
+        checks.check(f"scenario {scenario.name}", functools.partial(checks.scenario, scenario.name))
     checks.check("upgrade", checks.upgrade)
     checks.check("uninstall", checks.uninstall)
     return report
+
+
+@contextlib.contextmanager
+def deployed(env: DeployedEnv, report: Report) -> Iterator[DeployedEnv]:
+    """``env`` up, with its images' sizes in ``report``; down again on the way out."""
+    try:
+        env.up()
+        for tag, image in env.images.items():
+            report.figures[f"image dra-gpu:{tag} size (MiB)"] = image.size_bytes / 2**20
+        yield env
+    finally:
+        env.down()
 
 
 def main() -> int:
@@ -447,15 +467,11 @@ def main() -> int:
     report = Report()
     env = DeployedEnv()
     try:
-        env.up()
-        for tag, image in env.images.items():
-            report.figures[f"image {tag} size (MiB)"] = image.size_bytes / 2**20
-        run(env, report)
-    except Exception as exc:
+        with deployed(env, report):
+            run(env, report)
+    except Exception as exc:  # the environment failed: that is one failed check
         traceback.print_exc()
         report.results.append(("environment", str(exc)))
-    finally:
-        env.down()
     for key, value in report.figures.items():
         print(f"  {key}: {value:.1f}")
     if report.failed or not report.results:

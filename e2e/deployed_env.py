@@ -129,6 +129,9 @@ class DeployedEnv:
                 labels = {BUILD_LABEL: str(number)}
                 self.images[tag] = driver_image.build(engine, ref, labels=labels, log=self.log)
                 self.timings[f"build {tag}"] = time.monotonic() - started
+            # Images of earlier source trees, untagged by these builds: the data root is kept
+            # between runs, and would otherwise grow with every change.
+            engine.docker("image", "prune", "--force")
 
     def up(self) -> DeployedEnv:
         try:

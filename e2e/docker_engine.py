@@ -9,13 +9,12 @@
   machine may already run. ``--iptables=false --ip6tables=false --bridge=none``: the engine only
   builds and runs build steps with no network (``--network none``); it never touches the host's
   netfilter rules, which the real nodes' pod networking and kube-proxy rely on.
-- One engine per data root at a time (a file lock); ``down()`` stops it (SIGTERM, it stops its
-  containerd) and is idempotent.
+- One engine per data root at a time (``e2e.locked_daemon``); ``down()`` stops it (SIGTERM, it
+  stops its containerd) and is idempotent.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -23,10 +22,9 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
 
-from e2e import procs, waiting
 from e2e.binaries import cache_root
+from e2e.locked_daemon import LockedDaemon
 from e2e.node_binaries import ensure_debian_packages
 
 Log = Callable[[str], None]
@@ -72,10 +70,10 @@ class DockerEngine:
         tag = hashlib.sha256(str(self.root).encode()).hexdigest()[:8]
         self.exec_root = Path(f"/run/dra-gpu-docker-{tag}")
         self.socket = self.exec_root / "docker.sock"
-        self.log_path = self.root / "dockerd.log"
         self._log = log
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._lock: IO[str] | None = None
+        self._daemon = LockedDaemon(
+            "dockerd", lock_path=self.root / ".engine.lock", log_path=self.root / "dockerd.log"
+        )
 
     @property
     def host(self) -> str:
@@ -83,11 +81,7 @@ class DockerEngine:
 
     def up(self, *, timeout: float = 60.0) -> DockerEngine:
         ensure_docker(self._log)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.root / ".engine.lock", "w")  # noqa: SIM115 (held until down())
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
         self.exec_root.mkdir(parents=True, exist_ok=True)
-        self.socket.unlink(missing_ok=True)  # left by a killed engine; we hold the lock
         argv = [
             str(DOCKERD),
             f"--data-root={self.root / 'data'}",
@@ -98,28 +92,16 @@ class DockerEngine:
             "--ip6tables=false",
             "--bridge=none",
         ]
-        self._proc = procs.spawn(argv, log_path=self.log_path)
-
-        def answers() -> bool:
-            if self._proc is not None and self._proc.poll() is not None:
-                tail = procs.log_tail(self.log_path)
-                raise RuntimeError(f"dockerd exited with {self._proc.returncode}:\n{tail}")
-            return self.docker("version", check=False).returncode == 0
-
-        try:
-            waiting.wait_for("dockerd to answer on its socket", answers, timeout=timeout)
-        except BaseException:
-            self.down()
-            raise
+        self._daemon.start(
+            argv,
+            ready=lambda: self.docker("version", check=False).returncode == 0,
+            what="dockerd to answer on its socket",
+            timeout=timeout,
+        )
         return self
 
     def down(self) -> None:
-        if self._proc is not None:
-            procs.stop(self._proc, grace_s=20.0)
-            self._proc = None
-        if self._lock is not None:
-            self._lock.close()  # releases the flock
-            self._lock = None
+        self._daemon.stop(grace_s=20.0)
 
     def __enter__(self) -> DockerEngine:
         return self.up()

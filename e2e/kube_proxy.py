@@ -20,14 +20,14 @@ adds no rule of its own, so nothing of theirs is overwritten.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
-from e2e import binaries, procs, waiting
+from e2e import binaries, procs
+from e2e.locked_daemon import LockedDaemon
 
 if TYPE_CHECKING:
     from e2e.cluster import Cluster
@@ -60,18 +60,14 @@ class KubeProxy:
         self.cluster, self.hostname, self.workdir, self._log = cluster, hostname, workdir, log
         self.log_path = workdir / "kube-proxy.log"
         self._binary: Path | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._lock: IO[str] | None = None
+        self._daemon = LockedDaemon("kube-proxy", lock_path=HOST_LOCK, log_path=self.log_path)
 
     def up(self, *, timeout: float = 60.0) -> KubeProxy:
-        self._binary = binaries.ensure(("kube-proxy",), log=self._log)["kube-proxy"]
+        binary = binaries.ensure(("kube-proxy",), log=self._log)["kube-proxy"]
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._lock = open(HOST_LOCK, "w")  # noqa: SIM115 (held until down())
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
         cert, key = self.cluster.issue_client_cert(USER)
-        kubeconfig = self.cluster.write_kubeconfig(
-            self.workdir / "kube-proxy.kubeconfig", cert, key
-        )
+        kubeconfig = self.workdir / "kube-proxy.kubeconfig"
+        self.cluster.write_kubeconfig(kubeconfig, cert, key)
         healthz, metrics = procs.free_ports(2)
         config = self.workdir / "kube-proxy.json"
         config.write_text(
@@ -82,36 +78,29 @@ class KubeProxy:
                 metrics_port=metrics,
             )
         )
-        self._proc = procs.spawn(
-            [str(self._binary), f"--config={config}", "--v=2"], log_path=self.log_path
-        )
 
         def synced() -> bool:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise RuntimeError(f"kube-proxy exited: {procs.log_tail(self.log_path)}")
             rules = subprocess.run(
                 ["iptables-save", "-t", "nat"], capture_output=True, text=True
             ).stdout
             return "KUBE-SVC-" in rules  # the `kubernetes` Service has its chain
 
-        try:
-            waiting.wait_for("kube-proxy's Service rules", synced, timeout=timeout, every=0.5)
-        except BaseException:
-            self.down()
-            raise
+        self._binary = binary
+        self._daemon.start(
+            [str(binary), f"--config={config}", "--v=2"],
+            ready=synced,
+            what="kube-proxy's Service rules",
+            timeout=timeout,
+            every=0.5,
+        )
         return self
 
     def down(self) -> None:
-        if self._proc is not None:
-            procs.stop(self._proc, grace_s=5.0)
-            self._proc = None
+        self._daemon.stop()
         if self._binary is not None:
             # Removes every chain and rule kube-proxy made (all modes).
             subprocess.run([str(self._binary), "--cleanup"], capture_output=True, check=False)
             self._binary = None
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
 
     def __enter__(self) -> KubeProxy:
         return self.up()
