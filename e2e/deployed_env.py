@@ -40,6 +40,7 @@ from e2e.cluster import Cluster
 from e2e.docker_engine import DockerEngine
 from e2e.kube_proxy import KubeProxy
 from e2e.node import Node
+from e2e.node_binaries import ensure_node_binaries
 
 Log = Callable[[str], None]
 IMAGE_REPOSITORY = "dra-gpu"
@@ -135,6 +136,8 @@ class DeployedEnv:
 
     def up(self) -> DeployedEnv:
         try:
+            # Debian packages first: kube-proxy needs iptables before the first node is up.
+            ensure_node_binaries()
             self.build_images()
             node_cleanup.add_address_link(self.api_link, self.api_ip)
             self.cluster.up()
