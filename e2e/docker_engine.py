@@ -101,7 +101,11 @@ class DockerEngine:
         return self
 
     def down(self) -> None:
-        self._daemon.stop(grace_s=20.0)
+        if self._daemon.running:
+            self._daemon.stop(grace_s=20.0)
+            # What a stopped dockerd leaves in its exec root (containerd's state, empty
+            # network dirs) is of no use to the next engine.
+            shutil.rmtree(self.exec_root, ignore_errors=True)
 
     def __enter__(self) -> DockerEngine:
         return self.up()

@@ -48,6 +48,10 @@ class LockedDaemon:
             self.stop()
             raise
 
+    @property
+    def running(self) -> bool:
+        return self._proc is not None
+
     def stop(self, *, grace_s: float = 5.0) -> None:
         if self._proc is not None:
             procs.stop(self._proc, grace_s=grace_s)
