@@ -452,14 +452,21 @@ def run(env: DeployedEnv, report: Report, *, log: Callable[[str], None] = _stder
 
 @contextlib.contextmanager
 def deployed(env: DeployedEnv, report: Report) -> Iterator[DeployedEnv]:
-    """``env`` up, with its images' sizes in ``report``; down again on the way out."""
+    """``env`` up, with its images' sizes in ``report``; down again on the way out, its work
+    directory removed when every check passed, else kept for its logs."""
+    passed = False
     try:
         env.up()
         for tag, image in env.images.items():
             report.figures[f"image dra-gpu:{tag} size (MiB)"] = image.size_bytes / 2**20
         yield env
+        passed = not report.failed
     finally:
         env.down()
+        if passed:
+            shutil.rmtree(env.workdir, ignore_errors=True)
+        else:
+            print(f"logs kept in {env.workdir}", flush=True)
 
 
 def main() -> int:
@@ -474,10 +481,6 @@ def main() -> int:
         report.results.append(("environment", str(exc)))
     for key, value in report.figures.items():
         print(f"  {key}: {value:.1f}")
-    if report.failed or not report.results:
-        print(f"logs kept in {env.workdir}")
-    else:
-        shutil.rmtree(env.workdir, ignore_errors=True)
     print(f"took {time.monotonic() - started:.0f} s")
     print(f"{report.passed} passed, {report.failed} failed")
     return 1 if report.failed or not report.results else 0
