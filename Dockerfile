@@ -17,8 +17,7 @@
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 # The build stage's base: the same unless a build without index access passes one that carries
 # the wheels and pip's settings (docs/install.md, "Building without access to a registry or
-# the package index"). Nothing of it
-# reaches the runtime stage.
+# the package index"). Nothing of it reaches the runtime stage.
 ARG BUILD_IMAGE=${PYTHON_IMAGE}
 
 FROM ${BUILD_IMAGE} AS build
