@@ -12,9 +12,15 @@
 # sockets under /var/lib/kubelet, CDI specs under /var/run/cdi, and opens /dev/nvidia* through
 # NVML. Every instruction uses the exec form, so no shell runs in the final image.
 
-ARG PYTHON_IMAGE=python:3.12-slim
+# The public base names its Debian release, so that a base made locally from Debian packages
+# (e2e/base_image.py, where no registry is reachable) is of the same release.
+ARG PYTHON_IMAGE=python:3.12-slim-bookworm
+# The build stage's base: the same unless a build without index access passes one that carries
+# the wheels and pip's settings (docs/install.md, "Building without access to a registry or
+# the package index"). Nothing of it reaches the runtime stage.
+ARG BUILD_IMAGE=${PYTHON_IMAGE}
 
-FROM ${PYTHON_IMAGE} AS build
+FROM ${BUILD_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1

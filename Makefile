@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-gpu test lint format typecheck unit protos clean venv
+.PHONY: demo demo-gpu test e2e-deployed lint format typecheck unit protos clean venv
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,14 @@ demo-gpu: $(STAMP)
 
 test: $(STAMP)
 	$(MAKE) lint typecheck
+	$(MAKE) e2e-deployed
 	$(PY) -m pytest
+
+# The driver deployed as users deploy it: image from the Dockerfile (docker build), chart
+# installed with helm on real kubelet + containerd nodes, the scenario suite, an upgrade, an
+# uninstall. Installs Docker (Debian's docker.io) when missing. Ends with `N passed, N failed`.
+e2e-deployed: $(STAMP)
+	$(PY) -m e2e.deployed
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

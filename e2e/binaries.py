@@ -40,10 +40,13 @@ from pathlib import Path
 DEFAULT_K8S_VERSION = "v1.37.2"
 DEFAULT_ETCD_VERSION = "v3.6.16"
 
-K8S_PURE_GO = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+CONTROL_PLANE_K8S = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+# kube-proxy only for the deployed-driver test (pods reach the API server through the
+# `kubernetes` Service): nothing else waits for it.
+K8S_PURE_GO = (*CONTROL_PLANE_K8S, "kube-proxy")
 K8S_CGO = ("kubelet",)
 ETCD = "etcd"
-CONTROL_PLANE: tuple[str, ...] = (ETCD, *K8S_PURE_GO)
+CONTROL_PLANE: tuple[str, ...] = (ETCD, *CONTROL_PLANE_K8S)
 ALL_COMPONENTS: tuple[str, ...] = (*CONTROL_PLANE, *K8S_CGO)
 
 # Staging modules of 1.34-1.37. Replacing one that a version does not use is harmless: Go only

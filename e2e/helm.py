@@ -89,6 +89,18 @@ def ensure_helm() -> Path:
     return target
 
 
+def set_args(values: Mapping[str, str | bool | int]) -> list[str]:
+    """``--set``/``--set-string`` arguments: strings stay strings, bools and ints are typed."""
+    args: list[str] = []
+    for key, value in values.items():
+        if isinstance(value, str):
+            args += ["--set-string", f"{key}={value}"]
+        else:  # bool before int: True must become `true`, not `1`
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            args += ["--set", f"{key}={text}"]
+    return args
+
+
 def render(
     *,
     release: str = "dra-gpu",
@@ -111,12 +123,7 @@ def render(
     ]
     for path in values_files:
         cmd += ["--values", str(path)]
-    for key, value in (set_values or {}).items():
-        if isinstance(value, str):
-            cmd += ["--set-string", f"{key}={value}"]
-        else:  # bool before int: True must become `true`, not `1`
-            text = str(value).lower() if isinstance(value, bool) else str(value)
-            cmd += ["--set", f"{key}={text}"]
+    cmd += set_args(set_values or {})
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"helm template failed: {proc.stderr.strip()}")

@@ -52,6 +52,10 @@ def _logical_lines(text: str) -> list[str]:
     return lines
 
 
+def _expand(value: str, args: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], value)
+
+
 def parse_dockerfile(text: str) -> tuple[dict[str, str], list[Stage]]:
     """(global ARG defaults, stages) of a Dockerfile."""
     args: dict[str, str] = {}
@@ -61,11 +65,11 @@ def parse_dockerfile(text: str) -> tuple[dict[str, str], list[Stage]]:
         keyword = keyword.upper()
         if keyword == "ARG" and not stages:
             name, _, default = rest.partition("=")
-            args[name.strip()] = default.strip()
+            args[name.strip()] = _expand(default.strip(), args)
         elif keyword == "FROM":
             match = re.fullmatch(r"(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", rest, re.IGNORECASE)
             assert match, f"cannot parse FROM {rest!r}"
-            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], match.group(1))
+            base = _expand(match.group(1), args)
             stages.append(Stage(base=base, name=match.group(2)))
         else:
             assert stages, f"{keyword} before the first FROM"

@@ -22,7 +22,7 @@ from e2e.binaries import BuildStep, Versions
         (
             binaries.CONTROL_PLANE,
             [
-                BuildStep(binaries.K8S_PURE_GO, "k8s", cgo=False),
+                BuildStep(binaries.CONTROL_PLANE_K8S, "k8s", cgo=False),
                 BuildStep(("etcd",), "etcd", cgo=False),
             ],
         ),
@@ -89,8 +89,8 @@ def test_malformed_version_is_refused(monkeypatch: pytest.MonkeyPatch, bad: str)
 
 
 def test_unknown_component_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown component 'kube-proxy'"):
-        binaries.ensure(["kube-proxy"])
+    with pytest.raises(ValueError, match="unknown component 'kube-router'"):
+        binaries.ensure(["kube-router"])
 
 
 def test_build_times_are_recorded_per_component(

@@ -1,0 +1,134 @@
+"""The Dockerfile's Python base image, made locally from Debian packages (no registry reachable).
+
+The Dockerfile's public base (``PYTHON_IMAGE``, a ``python:<v>-slim-<release>`` image) is a Debian
+``<release>`` root with Python. Its local equivalent: ``debootstrap --variant=minbase`` of the same
+release from the mirror this machine's apt uses, with Debian's ``python3``, ``python3-venv`` (the
+Dockerfile makes a virtualenv) and ``python-is-python3`` (it calls ``python``), apt's caches
+removed, imported with ``docker import``. The build passes it as ``--build-arg PYTHON_IMAGE=...``:
+the Dockerfile users build is unchanged.
+
+Cached by its inputs (release, packages, mirror): the root file system as a tarball under
+``<cache>/base-image/<key>.tar`` (reused by a fresh engine) and the image tag
+``localhost/dra-gpu/python-base:<key>``; ``debootstrap`` runs (about 40 s) only when neither
+exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from e2e.binaries import cache_root
+from e2e.docker_engine import DockerEngine, Log
+from e2e.node_binaries import ensure_debian_packages
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = REPO_ROOT / "Dockerfile"
+PACKAGES = ("python3", "python3-venv", "python-is-python3")
+REPOSITORY = "localhost/dra-gpu/python-base"
+APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
+
+
+def dockerfile_base(dockerfile: Path = DOCKERFILE) -> str:
+    """The default of the Dockerfile's ``PYTHON_IMAGE`` argument: the public base users get."""
+    match = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", dockerfile.read_text(), re.MULTILINE)
+    if match is None:
+        raise ValueError(f"{dockerfile} has no `ARG PYTHON_IMAGE=<image>` line")
+    return match.group(1)
+
+
+def debian_release(image: str) -> str:
+    """The Debian release a ``python:<version>-slim-<release>`` image is built on."""
+    match = re.fullmatch(r"python:[\d.]+-slim-([a-z]+)", image)
+    if match is None:
+        raise ValueError(
+            f"base image {image!r} does not name its Debian release "
+            "(expected python:<version>-slim-<release>)"
+        )
+    return match.group(1)
+
+
+def apt_mirror(release: str, sources: str) -> str:
+    """The first Debian archive URI ``sources`` (one-line or deb822 format) lists for ``release``.
+
+    Security and update suites live elsewhere (``<release>-security``, ``<release>-updates``);
+    debootstrap needs the main archive."""
+    for line in sources.splitlines():  # one-line format: deb [options] URI SUITE COMPONENTS
+        fields = re.sub(r"\[[^]]*\]", "", line).split()
+        if len(fields) >= 3 and fields[0] == "deb" and fields[2] == release:
+            return fields[1]
+    for stanza in re.split(r"\n\s*\n", sources):  # deb822: URIs: / Suites: fields
+        stanza_fields: dict[str, str] = dict(
+            re.findall(r"^(\w[\w-]*):\s*(.*)$", stanza, re.MULTILINE)
+        )
+        if release in stanza_fields.get("Suites", "").split() and "URIs" in stanza_fields:
+            return stanza_fields["URIs"].split()[0]
+    raise ValueError(f"no apt source lists the Debian release {release!r}")
+
+
+def host_apt_sources(paths: tuple[Path, ...] = APT_SOURCES) -> str:
+    texts = []
+    for path in paths:
+        files = [path]
+        if path.is_dir():
+            files = sorted(path.glob("*.list")) + sorted(path.glob("*.sources"))
+        texts += [f.read_text() for f in files if f.is_file()]
+    return "\n\n".join(texts)
+
+
+def cache_key(release: str, mirror: str, packages: tuple[str, ...] = PACKAGES) -> str:
+    inputs = {"release": release, "mirror": mirror, "packages": sorted(packages), "v": 1}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _debootstrap(release: str, mirror: str, out: Path, log: Log) -> None:
+    """A minimal root of ``release`` with ``PACKAGES``, tarred into ``out`` (atomically)."""
+    ensure_debian_packages(("debootstrap",))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".rootfs-") as tmp:
+        root = Path(tmp) / "root"
+        log(f"[base-image] debootstrap {release} with {', '.join(PACKAGES)}")
+        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}"]
+        proc = subprocess.run(
+            [*argv, release, str(root), mirror], capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"debootstrap failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
+        # What a slim image leaves out too: package caches and lists, logs.
+        for junk in ("var/cache/apt", "var/lib/apt/lists", "var/log"):
+            shutil.rmtree(root / junk, ignore_errors=True)
+            (root / junk).mkdir(parents=True)
+        tar = Path(tmp) / "rootfs.tar"
+        subprocess.run(
+            ["tar", "--numeric-owner", "-C", str(root), "-cf", str(tar), "."], check=True
+        )
+        tar.replace(out)
+
+
+def ensure_base_image(engine: DockerEngine, log: Log) -> str:
+    """The local equivalent of the Dockerfile's base, in ``engine``; returns its reference."""
+    release = debian_release(dockerfile_base())
+    mirror = apt_mirror(release, host_apt_sources())
+    key = cache_key(release, mirror)
+    ref = f"{REPOSITORY}:{key}"
+    if engine.image_id(ref):
+        return ref
+    rootfs = cache_root() / "base-image" / f"{key}.tar"
+    if not rootfs.is_file():
+        _debootstrap(release, mirror, rootfs, log)
+    log(f"[base-image] docker import {rootfs.name} as {ref}")
+    engine.docker(
+        "import",
+        "--change",
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "--change",
+        'CMD ["python3"]',
+        str(rootfs),
+        ref,
+    )
+    return ref

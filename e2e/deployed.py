@@ -1,0 +1,490 @@
+"""``make e2e-deployed``: the driver deployed as users deploy it, checked end to end.
+
+``python -m e2e.deployed`` brings up ``e2e.deployed_env.DeployedEnv`` (image built with ``docker
+build`` from the Dockerfile, a local control plane, two real kubelet + containerd nodes,
+kube-proxy), then runs these checks in order and prints one line per check and a last line
+``N passed, N failed``:
+
+- ``install``: ``helm install`` of both releases with ``--wait``; meanwhile a GPU pod is created
+  as soon as the API server admits its claim, and must run;
+- ``plugins``: each node's plugin pod runs the chart's image, registered with its kubelet and
+  published the node's ResourceSlices;
+- ``controller``: the DeviceClasses exist and the controller holds its leader-election Lease;
+- ``webhook``: an invalid ``GpuConfig`` is refused by the webhook, reached through its Service;
+- ``policy``: the ValidatingAdmissionPolicy refuses a plugin's write of another node's slice;
+- ``scenario <name>``: every scenario of ``python -m e2e.suite`` (``e2e.suite.scenarios``);
+- ``upgrade``: with pods holding claims running, ``helm upgrade`` of both releases to the second
+  image tag; pods are created throughout the rollout; afterwards every plugin pod runs the new
+  image, no pod got a ``FailedPrepareDynamicResources`` event, every pod created during the rollout
+  ran, the claims prepared before it are unprepared by the new plugins when their pods go, and a
+  pod created after it runs;
+- ``uninstall``: ``helm uninstall`` removes the chart's objects; what stays (docs/install.md):
+  the DeviceClasses the controller made and each node's checkpoint.
+
+``Report.figures`` holds the timings ``bench/deployed.py`` prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import shutil
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client import ApiException
+
+from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
+from e2e.cluster import ClusterError
+from e2e.deployed_env import REAL_NODE_SELECTOR, RELEASES, TAGS, DeployedEnv, Release
+from e2e.suite import runner
+from e2e.suite.kube import RESOURCE, Kube, load_manifests, wait_for
+from e2e.suite.scenarios import BY_NAME, SCENARIOS
+
+TIMEOUT_S = 180.0
+FAILED_PREPARE = "FailedPrepareDynamicResources"
+PROBES_HELD = 4
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Report:
+    results: list[tuple[str, str]] = field(default_factory=list)  # (check, "" or problem)
+    figures: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for _, problem in self.results if problem)
+
+    @property
+    def passed(self) -> int:
+        return len(self.results) - self.failed
+
+
+class Checks:
+    def __init__(self, env: DeployedEnv, report: Report, log: Callable[[str], None]) -> None:
+        self.env, self.report, self.log = env, report, log
+        self.kube = Kube(env.cluster.api_client())
+        cdi = tuple(node.cdi_root for node in env.nodes.values())
+        self.ctx = runner.Context(
+            kube=self.kube,
+            cdi_dirs=cdi,
+            timeout=TIMEOUT_S,
+            node_selector=REAL_NODE_SELECTOR,
+            log=log,
+        )
+
+    def check(self, name: str, body: Callable[[], list[str]]) -> bool:
+        started = time.monotonic()
+        try:
+            problems = body()
+        except Exception as exc:
+            problems = [f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"]
+        took = time.monotonic() - started
+        problem = "\n    ".join(problems)
+        self.report.results.append((name, problem))
+        print(f"[{'ok' if not problem else 'FAILED'}] {name} ({took:.1f}s)", flush=True)
+        if problem:
+            print(f"    {problem}", flush=True)
+        return not problem
+
+    # ----- helpers ------------------------------------------------------------------------
+
+    def plugin_pods(self, release: Release) -> list[dict[str, Any]]:
+        selector = (
+            f"app.kubernetes.io/instance={release.name},app.kubernetes.io/component=kubelet-plugin"
+        )
+        found = self.kube.core.list_namespaced_pod(release.name, label_selector=selector)
+        return [self.kube.as_dict(p) for p in found.items]
+
+    def node_slices(self, node: str) -> list[dict[str, Any]]:
+        return [s for s in self.kube.slices() if s["spec"].get("nodeName") == node]
+
+    def no_slices(self, node: str) -> bool:
+        return not self.node_slices(node)
+
+    def no_plugin_pods(self, release: Release) -> bool:
+        return not self.plugin_pods(release)
+
+    def registration_sockets(self, node: str) -> list[Path]:
+        registry = self.env.nodes[node].paths.plugin_registry_dir
+        return list(registry.glob("gpu.nvidia.com-*-reg.sock"))
+
+    def start_running(self, scenario: str) -> runner.Run:
+        """``runner.start`` of a scenario, retried while the API server cannot reach the
+        webhook yet (the chart's first seconds); its problems fail the caller."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                run, problems = runner.start(self.ctx, BY_NAME[scenario])
+            except ApiException as exc:
+                if exc.status != 500 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+                continue
+            if problems:
+                raise AssertionError("; ".join(problems))
+            return run
+
+    # ----- the checks ---------------------------------------------------------------------
+
+    def install(self) -> list[str]:
+        first, rest = RELEASES[0], RELEASES[1:]
+        started = time.monotonic()
+        seen: dict[str, float] = {}
+        done = threading.Event()
+
+        def watch() -> None:  # plugin pod created -> its node's slices published
+            while not done.wait(0.2):
+                for release in RELEASES:
+                    if f"pod {release.node}" not in seen and self.plugin_pods(release):
+                        seen[f"pod {release.node}"] = time.monotonic()
+                    if f"slices {release.node}" not in seen and self.node_slices(release.node):
+                        seen[f"slices {release.node}"] = time.monotonic()
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        errors: list[str] = []
+
+        def helm_install(release: Release) -> None:
+            try:
+                self.log(self.env.install(release, TAGS[0]))
+            except Exception as exc:
+                errors.append(str(exc))
+
+        installs = [threading.Thread(target=helm_install, args=(first,))]
+        installs[0].start()
+        try:
+            run = self.start_running("one-gpu")
+            self.report.figures["chart install -> first GPU pod Running (s)"] = (
+                time.monotonic() - started
+            )
+            problems = runner.finish(self.ctx, run)
+        finally:
+            installs[0].join()
+        for release in rest:
+            helm_install(release)
+        done.set()
+        watcher.join()
+        for release in RELEASES:
+            pod_seen, slices_seen = (
+                seen.get(f"pod {release.node}"),
+                seen.get(f"slices {release.node}"),
+            )
+            if pod_seen is not None and slices_seen is not None:
+                key = f"plugin pod created -> slices published, {release.node} (s)"
+                self.report.figures[key] = max(0.0, slices_seen - pod_seen)
+        return errors + problems
+
+    def plugins(self) -> list[str]:
+        problems = []
+        for release in RELEASES:
+            pods = self.plugin_pods(release)
+            if len(pods) != 1:
+                problems.append(f"{release.name}: {len(pods)} plugin pods, wanted 1")
+                continue
+            pod = pods[0]
+            if pod["spec"].get("nodeName") != release.node:
+                problems.append(f"{release.name}: plugin on {pod['spec'].get('nodeName')}")
+            image = pod["spec"]["containers"][0]["image"]
+            if image != f"dra-gpu:{TAGS[0]}":
+                problems.append(f"{release.name}: plugin image {image}")
+            if not self.registration_sockets(release.node):
+                problems.append(f"{release.node}: no registration socket in the kubelet's dir")
+            if not self.node_slices(release.node):
+                problems.append(f"{release.node}: no ResourceSlices")
+        return problems
+
+    def controller(self) -> list[str]:
+        group, version = RESOURCE
+        for name in (GPU_CLASS, MIG_CLASS):
+            self.kube.custom.get_cluster_custom_object(group, version, "deviceclasses", name)
+        from kubernetes.client import CoordinationV1Api
+
+        lease = CoordinationV1Api(self.kube.api).read_namespaced_lease(
+            "dra-gpu-controller", RELEASES[0].name
+        )
+        holder = (lease.spec.holder_identity if lease.spec else None) or ""
+        if not holder.startswith("dra-gpu-controller-"):
+            return [f"the Lease is held by {holder!r}, not a controller pod"]
+        return []
+
+    def webhook(self) -> list[str]:
+        namespace = "e2e-webhook"
+        self.kube.create_namespace(namespace)
+        try:
+            for doc in load_manifests(self.ctx.scenarios_dir / "invalid-config"):
+                if doc["kind"] == "Pod":
+                    continue
+                try:
+                    self.kube.create(namespace, doc)
+                except ApiException as exc:
+                    body = str(exc.body)
+                    if "admission webhook" in body and "mpsConfig" in body:
+                        return []
+                    return [f"refused, but not by the webhook: {body}"]
+                return ["an invalid GpuConfig was admitted"]
+            return ["the scenario has no claim"]
+        finally:
+            self.kube.delete_namespace(namespace)
+
+    def policy(self) -> list[str]:
+        """A write as the h200 node's plugin (its service account, a token bound to gpu-h200)
+        of a slice for gpu-a100 must be refused by the policy."""
+        h200, a100 = RELEASES[0], RELEASES[1]
+        sa = f"system:serviceaccount:{h200.name}:{h200.name}-kubelet-plugin"
+        slice_doc = (
+            '{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice",'
+            '"metadata":{"name":"e2e-foreign"},"spec":{"driver":"gpu.nvidia.com",'
+            f'"nodeName":"{a100.node}","pool":{{"name":"{a100.node}","generation":1,'
+            '"resourceSliceCount":1},"devices":[]}}'
+        )
+        try:
+            made = self.env.cluster.kubectl(
+                *("create", "-f", "-", f"--as={sa}", "--as-group=system:serviceaccounts"),
+                f"--as-user-extra=authentication.kubernetes.io/node-name={h200.node}",
+                input=slice_doc,
+            )
+        except ClusterError as exc:
+            if "may only write ResourceSlices of its own node" in str(exc):
+                return []
+            return [f"refused, but not by the policy: {exc}"]
+        self.env.cluster.kubectl("delete", "resourceslice", "e2e-foreign", check=False)
+        return [f"a foreign slice was created: {made}"]
+
+    def scenario(self, name: str) -> list[str]:
+        try:
+            runner.run_scenario(self.ctx, BY_NAME[name])
+        except runner.ScenarioFailed as exc:
+            return [str(exc)]
+        return []
+
+    def upgrade(self) -> list[str]:
+        holding = [self.start_running("one-gpu"), self.start_running("mig-by-profile")]
+        failed_prepares: list[str] = []
+        stop = threading.Event()
+
+        def watch_events() -> None:
+            while not stop.wait(0.5):
+                found = self.kube.core.list_event_for_all_namespaces(
+                    field_selector=f"reason={FAILED_PREPARE}"
+                )
+                for event in found.items:
+                    text = (
+                        f"{event.metadata.namespace}/{event.involved_object.name}: {event.message}"
+                    )
+                    if text not in failed_prepares:
+                        failed_prepares.append(text)
+
+        during: list[tuple[float, str]] = []  # (create -> Running seconds, problem or "")
+        live: list[runner.Run] = []  # started during the rollout, finished after it
+
+        def probe_pods() -> None:
+            # One new GPU pod after another while the rollout goes on; at most PROBES_HELD keep
+            # their GPU (the oldest is deleted first), so the node never runs out of them.
+            while not stop.is_set():
+                if len(live) >= PROBES_HELD:
+                    problems = runner.finish(self.ctx, live.pop(0))
+                    during.extend((0.0, p) for p in problems)
+                started = time.monotonic()
+                try:
+                    live.append(self.start_running("one-gpu"))
+                    during.append((time.monotonic() - started, ""))
+                except Exception as exc:
+                    during.append((time.monotonic() - started, str(exc)))
+
+        unregistered: dict[str, float] = {r.node: 0.0 for r in RELEASES}
+
+        def watch_registration() -> None:
+            # The kubelet can prepare only through a registered plugin: time with no
+            # registration socket in a node's registry directory is time prepare would fail.
+            last = time.monotonic()
+            while not stop.wait(0.05):
+                now = time.monotonic()
+                for node, seconds in unregistered.items():
+                    if not self.registration_sockets(node):
+                        unregistered[node] = seconds + (now - last)
+                last = now
+
+        watcher = threading.Thread(target=watch_events, daemon=True)
+        prober = threading.Thread(target=probe_pods, daemon=True)
+        registration = threading.Thread(target=watch_registration, daemon=True)
+        registration.start()
+        old_pods = {r.name: {p["metadata"]["name"] for p in self.plugin_pods(r)} for r in RELEASES}
+        watcher.start()
+        prober.start()
+        started = time.monotonic()
+        problems: list[str] = []
+        try:
+            for release in RELEASES:
+                self.env.upgrade(release, TAGS[1])
+            self.report.figures["helm upgrade, both releases, --wait (s)"] = (
+                time.monotonic() - started
+            )
+        finally:
+            stop.set()
+            prober.join(timeout=TIMEOUT_S * 2)
+            registration.join()
+        for node, seconds in unregistered.items():
+            self.report.figures[f"no plugin registered during the upgrade, {node} (s)"] = seconds
+            if seconds:
+                problems.append(f"{node}: no plugin registered for {seconds:.2f} s")
+        for release in RELEASES:
+            pods = self.plugin_pods(release)
+            images = {p["spec"]["containers"][0]["image"] for p in pods}
+            if images != {f"dra-gpu:{TAGS[1]}"}:
+                problems.append(f"{release.name}: plugin images after the upgrade {images}")
+            if {p["metadata"]["name"] for p in pods} & old_pods[release.name]:
+                problems.append(f"{release.name}: an old plugin pod is still there")
+        for run in [*holding, *live]:
+            problems += runner.finish(self.ctx, run)
+        problems += self._unprepared_by_new(holding)
+        after = self.start_running("one-gpu")
+        problems += runner.finish(self.ctx, after)
+        time.sleep(1.0)  # the event watcher's last poll
+        watcher.join(timeout=0)
+        self.report.figures["pods started during the upgrade"] = float(
+            sum(1 for t, _ in during if t)
+        )
+        if during:
+            self.report.figures["slowest create -> Running during the upgrade (s)"] = max(
+                t for t, _ in during
+            )
+        self.report.figures["FailedPrepareDynamicResources events during the upgrade"] = float(
+            len(failed_prepares)
+        )
+        problems += [f"pod during the rollout: {p}" for _, p in during if p]
+        if not during:
+            problems.append("no pod was started during the rollout")
+        problems += [f"{FAILED_PREPARE}: {text}" for text in failed_prepares]
+        return problems
+
+    def _unprepared_by_new(self, runs: list[runner.Run]) -> list[str]:
+        """Each claim's unprepare is in the log of a plugin pod of the new version."""
+        logs = ""
+        for release in RELEASES:
+            for pod in self.plugin_pods(release):
+                logs += self.kube.log(release.name, pod["metadata"]["name"], "plugin")
+        unprepared = [line for line in logs.splitlines() if "unprepared" in line]
+        problems = []
+        for run in runs:
+            for name, claim in run.claims.items():
+                uid = claim["metadata"]["uid"]
+                if not any(uid in line for line in unprepared):
+                    problems.append(f"claim {name} ({uid}): no new plugin logged its unprepare")
+        return problems
+
+    def uninstall(self) -> list[str]:
+        for release in RELEASES:
+            self.log(self.env.uninstall(release))
+        problems = []
+        for release in RELEASES:
+            left = self.env.cluster.kubectl(
+                *("get", "daemonsets,deployments,services,serviceaccounts,roles,rolebindings"),
+                *("-n", release.name, "-l", f"app.kubernetes.io/instance={release.name}"),
+                "-o",
+                "name",
+            ).split()
+            if left:
+                problems.append(f"{release.name}: left after uninstall: {left}")
+            if self.plugin_pods(release):
+                wait_for(
+                    f"{release.name} plugin pods gone",
+                    functools.partial(self.no_plugin_pods, release),
+                    timeout=TIMEOUT_S,
+                )
+        cluster_left = self.env.cluster.kubectl(
+            "get",
+            "clusterroles,clusterrolebindings,validatingwebhookconfigurations,"
+            "validatingadmissionpolicies,validatingadmissionpolicybindings",
+            "-l",
+            "app.kubernetes.io/name=dra-gpu",
+            "-o",
+            "name",
+        ).split()
+        if cluster_left:
+            problems.append(f"cluster-scoped objects left: {cluster_left}")
+        group, version = RESOURCE
+        for name in (GPU_CLASS, MIG_CLASS):  # documented to stay
+            self.kube.custom.get_cluster_custom_object(group, version, "deviceclasses", name)
+        for release in RELEASES:  # the kubelet deletes the slices once no plugin comes back
+            try:
+                wait_for(
+                    f"the kubelet to delete the ResourceSlices of {release.node}",
+                    functools.partial(self.no_slices, release.node),
+                    timeout=TIMEOUT_S,
+                )
+            except AssertionError as exc:
+                problems.append(str(exc))
+        for release in RELEASES:  # documented to stay: the checkpoint
+            data = self.env.nodes[release.node].paths.plugins_dir / "gpu.nvidia.com"
+            if not any(data.glob("*checkpoint*")):
+                problems.append(f"{release.node}: no checkpoint in {data}: {list(data.iterdir())}")
+        return problems
+
+
+def run(env: DeployedEnv, report: Report, *, log: Callable[[str], None] = _stderr) -> Report:
+    checks = Checks(env, report, log)
+    if not checks.check("install", checks.install):
+        return report
+    for name, body in (
+        ("plugins", checks.plugins),
+        ("controller", checks.controller),
+        ("webhook", checks.webhook),
+        ("policy", checks.policy),
+    ):
+        checks.check(name, body)
+    for scenario in SCENARIOS:
+        checks.check(f"scenario {scenario.name}", functools.partial(checks.scenario, scenario.name))
+    checks.check("upgrade", checks.upgrade)
+    checks.check("uninstall", checks.uninstall)
+    return report
+
+
+@contextlib.contextmanager
+def deployed(env: DeployedEnv, report: Report) -> Iterator[DeployedEnv]:
+    """``env`` up, with its images' sizes in ``report``; down again on the way out, its work
+    directory removed when every check passed, else kept for its logs."""
+    passed = False
+    try:
+        env.up()
+        for tag, image in env.images.items():
+            report.figures[f"image dra-gpu:{tag} size (MiB)"] = image.size_bytes / 2**20
+        yield env
+        passed = not report.failed
+    finally:
+        env.down()
+        if passed:
+            shutil.rmtree(env.workdir, ignore_errors=True)
+        else:
+            print(f"logs kept in {env.workdir}", flush=True)
+
+
+def main() -> int:
+    started = time.monotonic()
+    report = Report()
+    env = DeployedEnv()
+    try:
+        with deployed(env, report):
+            run(env, report)
+    except Exception as exc:  # the environment failed: that is one failed check
+        traceback.print_exc()
+        report.results.append(("environment", str(exc)))
+    for key, value in report.figures.items():
+        print(f"  {key}: {value:.1f}")
+    print(f"took {time.monotonic() - started:.0f} s")
+    print(f"{report.passed} passed, {report.failed} failed")
+    return 1 if report.failed or not report.results else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

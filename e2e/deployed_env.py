@@ -1,0 +1,232 @@
+"""The driver deployed as users deploy it, on the local cluster's real nodes.
+
+``DeployedEnv.up()``:
+
+1. builds the image twice from the repository's Dockerfile with ``docker build``
+   (``e2e.docker_engine``, ``e2e.driver_image``): tag ``e2e-1`` and tag ``e2e-2`` (the same
+   plus a label: the upgrade's second version), saves both, and stops the engine;
+2. starts the control plane with the API server reachable from pods: listening on all addresses,
+   advertised on a host-local address of its own (``198.19.x.y`` on a port-less bridge), so the
+   ``kubernetes`` Service has an endpoint; kube-proxy (``e2e.kube_proxy``) makes its ClusterIP
+   reachable;
+3. starts two real nodes (kubelet + containerd, ``e2e.node``), ``gpu-h200`` and ``gpu-a100``, each
+   labelled with the simulated profile its plugin serves, and imports both image archives into
+   each node's containerd (``ctr -n k8s.io images import``);
+4. prepares the release namespaces (Pod Security ``privileged``, as docs/install.md says) and the
+   webhook's serving certificate (a ``kubernetes.io/tls`` Secret signed by the cluster CA for
+   ``dra-gpu-webhook.dra-gpu.svc``; its CA goes to ``webhook.tls.caBundle``).
+
+The chart is then installed with the real helm, one release per node (``RELEASES``): each node's
+kubelet has its own root directory, and the chart's host paths (``kubeletPlugin.kubeletDir``,
+``cdiRoot``) are per release, the same way ``e2e/kind/run.sh`` installs one release per profile.
+``down()`` stops everything in reverse order and is idempotent.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from e2e import driver_image, helm, node_cleanup
+from e2e.cluster import Cluster
+from e2e.docker_engine import DockerEngine
+from e2e.kube_proxy import KubeProxy
+from e2e.node import Node
+from e2e.node_binaries import ensure_node_binaries
+
+Log = Callable[[str], None]
+IMAGE_REPOSITORY = "dra-gpu"
+TAGS = ("e2e-1", "e2e-2")
+BUILD_LABEL = "dra-gpu.test/build"
+PROFILE_LABEL = "dra-gpu.test/profile"
+REAL_NODE_SELECTOR = {"dra-gpu.test/real-node": "true"}
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str  # the Helm release, its namespace, and the prefix of its objects' names
+    node: str
+    profile: str
+    webhook: bool
+
+
+RELEASES = (
+    Release("dra-gpu", "gpu-h200", "h200x8", webhook=True),
+    Release("dra-gpu-mig", "gpu-a100", "a100x4-mig", webhook=False),
+)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def api_address(workdir: Path) -> str:
+    """A host-local address for the API server, derived from the work directory: in 198.19.0.0/16,
+    the half of the benchmarking range that node IPs (198.18.x.y) do not use."""
+    digest = hashlib.sha256(str(workdir).encode()).digest()
+    return f"198.19.{digest[0]}.{1 + digest[1] % 254}"
+
+
+def release_values(
+    release: Release, *, tag: str, node: Node, ca_bundle: str
+) -> dict[str, str | bool | int]:
+    values: dict[str, str | bool | int] = {
+        "image.repository": IMAGE_REPOSITORY,
+        "image.tag": tag,
+        "image.pullPolicy": "Never",  # imported into each node; no registry
+        "simulate.enabled": True,
+        "simulate.profile": release.profile,
+        "simulate.nodeSelector." + PROFILE_LABEL.replace(".", "\\."): release.profile,
+        "kubeletPlugin.kubeletDir": str(node.paths.kubelet_root),
+        "kubeletPlugin.cdiRoot": str(node.cdi_root),
+        "controller.extendedResourceName": "nvidia.com/gpu",
+        "webhook.enabled": release.webhook,
+    }
+    if release.webhook:
+        values["webhook.tls.caBundle"] = ca_bundle
+    return values
+
+
+class DeployedEnv:
+    def __init__(self, *, workdir: Path | None = None, log: Log = _stderr) -> None:
+        self.workdir = (workdir or Path(tempfile.mkdtemp(prefix="dra-gpu-deployed-"))).resolve()
+        self.log = log
+        self.api_ip = api_address(self.workdir)
+        # Pods reach the API server through the `kubernetes` Service, whose endpoint is the
+        # advertised address (the harness's default, 127.0.0.1, cannot be one).
+        apiserver = (
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={self.api_ip}",
+            "--endpoint-reconciler-type=lease",
+        )
+        self.cluster = Cluster(
+            workdir=self.workdir / "cluster", extra_args={"kube-apiserver": apiserver}, log=log
+        )
+        self.nodes: dict[str, Node] = {}
+        self.images: dict[str, driver_image.BuiltImage] = {}
+        self.api_link = "dragpuapi" + hashlib.sha256(str(self.workdir).encode()).hexdigest()[:6]
+        self.proxy: KubeProxy | None = None
+        # The kubelet plugin's registration socket is <kubeletDir>/plugins_registry/
+        # gpu.nvidia.com-<pod UID>-reg.sock, and a socket path has at most 107 bytes: with
+        # that name, a kubelet root directory may have 21 (users': /var/lib/kubelet, 16).
+        self.nodes_root = Path("/tmp") / f"dg-{self.api_link[-6:]}"
+        self.timings: dict[str, float] = {}
+
+    # ----- lifecycle ----------------------------------------------------------------------
+
+    def build_images(self) -> None:
+        with DockerEngine(log=self.log) as engine:
+            for number, tag in enumerate(TAGS, start=1):
+                started = time.monotonic()
+                ref = f"{IMAGE_REPOSITORY}:{tag}"
+                labels = {BUILD_LABEL: str(number)}
+                self.images[tag] = driver_image.build(engine, ref, labels=labels, log=self.log)
+                self.timings[f"build {tag}"] = time.monotonic() - started
+            # Images of earlier source trees, untagged by these builds: the data root is kept
+            # between runs, and would otherwise grow with every change.
+            engine.docker("image", "prune", "--force")
+
+    def up(self) -> DeployedEnv:
+        try:
+            # Debian packages first: kube-proxy needs iptables before the first node is up.
+            ensure_node_binaries()
+            self.build_images()
+            node_cleanup.add_address_link(self.api_link, self.api_ip)
+            self.cluster.up()
+            first = RELEASES[0].node
+            self.proxy = KubeProxy(
+                self.cluster, hostname=first, workdir=self.workdir / "kube-proxy", log=self.log
+            ).up()
+            for release in RELEASES:
+                workdir = self.nodes_root / release.node.removeprefix("gpu-")
+                node = Node(self.cluster, name=release.node, workdir=workdir, log=self.log).up()
+                self.nodes[release.node] = node
+                self.cluster.kubectl(
+                    "label", "node", release.node, f"{PROFILE_LABEL}={release.profile}"
+                )
+                for image in self.images.values():
+                    node.ctr("images", "import", str(image.archive))
+            for release in RELEASES:
+                self._prepare_namespace(release)
+        except BaseException:
+            self.log(self.cluster.logs())
+            self.down()
+            raise
+        return self
+
+    def down(self) -> None:
+        for node in reversed(list(self.nodes.values())):
+            node.down()
+        self.nodes.clear()
+        shutil.rmtree(self.nodes_root, ignore_errors=True)
+        if self.proxy is not None:
+            self.proxy.down()
+            self.proxy = None
+        self.cluster.down(remove_workdir=False)
+        node_cleanup.delete_link(self.api_link)
+
+    def __enter__(self) -> DeployedEnv:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # ----- the chart ----------------------------------------------------------------------
+
+    def _prepare_namespace(self, release: Release) -> None:
+        self.cluster.create_namespace(release.name)
+        self.cluster.kubectl(
+            *("label", "--overwrite", "namespace", release.name),
+            "pod-security.kubernetes.io/enforce=privileged",
+        )
+        if release.webhook:
+            service = f"{release.name}-webhook"
+            hosts = [f"{service}.{release.name}.svc", f"{service}.{release.name}.svc.cluster.local"]
+            cert, key = self.cluster.issue_serving_cert(service, hosts)
+            self.cluster.kubectl(
+                *("create", "secret", "tls", f"{release.name}-webhook-tls", "-n", release.name),
+                f"--cert={cert}",
+                f"--key={key}",
+            )
+
+    def values(self, release: Release, tag: str) -> dict[str, str | bool | int]:
+        ca = base64.b64encode(self.cluster.ca_cert.read_bytes()).decode()
+        return release_values(release, tag=tag, node=self.nodes[release.node], ca_bundle=ca)
+
+    def helm(self, *args: str, timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
+        argv = [str(helm.ensure_helm()), f"--kubeconfig={self.cluster.kubeconfig}", *args]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)} failed:\n{proc.stderr}{proc.stdout}")
+        return proc
+
+    def install(self, release: Release, tag: str, *, wait: bool = True) -> str:
+        """``helm install`` (or ``upgrade`` when ``upgrade``); returns helm's output (NOTES)."""
+        return self._apply("install", release, tag, wait=wait)
+
+    def upgrade(self, release: Release, tag: str, *, wait: bool = True) -> str:
+        return self._apply("upgrade", release, tag, wait=wait)
+
+    def _apply(self, verb: str, release: Release, tag: str, *, wait: bool) -> str:
+        argv = [verb, release.name, str(helm.CHART), "--namespace", release.name]
+        if wait:
+            argv += ["--wait", "--timeout", "5m"]
+        argv += helm.set_args(self.values(release, tag))
+        return self.helm(*argv).stdout
+
+    def uninstall(self, release: Release) -> str:
+        return self.helm("uninstall", release.name, "--namespace", release.name, "--wait").stdout
+
+    def kubeconfig(self) -> Path:
+        return self.cluster.kubeconfig
+
+    def node_summary(self) -> Mapping[str, str]:
+        return {name: str(node.paths.root) for name, node in self.nodes.items()}
