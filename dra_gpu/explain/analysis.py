@@ -334,7 +334,7 @@ def _fits_node(
 def explain_claim(
     claim: JSON,
     *,
-    classes: Mapping[str, JSON],
+    classes: Mapping[str, Mapping[str, Any]],
     slices: Iterable[JSON],
     claims: Iterable[JSON],
 ) -> Report:

@@ -9,12 +9,10 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import yaml
-
-from dra_gpu.explain import analysis, render, source
-from dra_gpu.kube import errors
-from dra_gpu.kube.client import connect
+if TYPE_CHECKING:
+    from dra_gpu.explain.analysis import Report
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,6 +37,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: building the CLI parser must not load cel-python or the Kubernetes client.
+    from dra_gpu.explain import analysis, source
+    from dra_gpu.kube import errors
+    from dra_gpu.kube.client import connect
+
     if bool(args.target) == bool(args.filename):
         print("explain: give pod/NAME, claim/NAME or -f FILE (one of them)", file=sys.stderr)
         return 2
@@ -66,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(r.satisfiable for r in reports) else 1
 
 
-def output(reports: Sequence[analysis.Report], fmt: str) -> str:
+def output(reports: Sequence[Report], fmt: str) -> str:
+    import yaml
+
+    from dra_gpu.explain import render
+
     if fmt == "table":
         return "\n\n".join(render.as_table(r) for r in reports)
     data = [render.as_data(r) for r in reports]
