@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
+    from dra_gpu import metrics
     from dra_gpu.kube import errors
     from dra_gpu.kube.client import connect
     from dra_gpu.plugin import checkpoint, dra_service, inventory, node_plugin, slice_api, sockets
@@ -106,14 +107,40 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     # Prepare looks devices up in the latest inventory (it may change while the plugin runs).
     current = {d.name: d for d in devices}
     state = device_state(settings, client=client, inventory=lambda: current)
+    measured = None
+    if settings.metrics_address is not None:
+        measured = metrics.PluginMetrics()
     plugin = node_plugin.NodePlugin(
-        settings, store=store, devices=devices, register_dra=dra_service.registrar(state)
+        settings,
+        store=store,
+        devices=devices,
+        register_dra=dra_service.registrar(
+            state, measured.measured(state) if measured is not None else None
+        ),
     )
 
     def set_devices(new: Sequence[Device]) -> None:
         nonlocal current
         current = {d.name: d for d in new}
         plugin.set_devices(new, in_use=state.prepared_devices())
+        if measured is not None:
+            measured.rediscovery_changes.inc()
+
+    def published() -> list[tuple[str, str]]:
+        health = plugin.health.snapshot().devices
+        return [
+            (str(d.type), health[d.name].health if d.name in health else "UNKNOWN")
+            for d in current.values()
+        ]
+
+    stop_metrics = None
+    if measured is not None and settings.metrics_address is not None:
+        measured.watch_state(prepared=lambda: _prepared_counts(state), published=published)
+        try:
+            stop_metrics = metrics.serve(settings.metrics_address, measured.registry)
+        except OSError as err:
+            log.error("cannot serve /metrics at %s: %s", settings.metrics_address, err)
+            return 1
 
     log.info(
         "starting: node %s, driver %s, %d devices%s",
@@ -146,4 +173,18 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         return 1
     finally:
         plugin.stop()
+        if stop_metrics is not None:
+            stop_metrics()
     return 0
+
+
+def _prepared_counts(state: DeviceState) -> tuple[int, int]:
+    """(claims, devices) prepared on this node, as the checkpoint says."""
+    from dra_gpu.plugin import checkpoint
+
+    try:
+        claims = state.store.load().claims.values()
+    except checkpoint.CheckpointError:
+        return (0, 0)
+    done = [c for c in claims if c.state == checkpoint.PREPARE_COMPLETED]
+    return len(done), sum(len(c.devices) for c in done)

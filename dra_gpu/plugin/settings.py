@@ -51,6 +51,7 @@ ENV_VARS: Mapping[str, str] = {
     "healthz_address": "HEALTHZ_ADDRESS",
     "log_level": "LOG_LEVEL",
     "rediscover_interval": "REDISCOVER_INTERVAL",
+    "metrics_address": "METRICS_ADDRESS",
 }
 
 
@@ -85,6 +86,8 @@ class Settings:
     log_level: str
     # Seconds between NVML re-discoveries; None: discover at start only.
     rediscover_interval_s: float | None = DEFAULT_REDISCOVER_INTERVAL_S
+    # Where /metrics is served; None: not served.
+    metrics_address: tuple[str, int] | None = None
 
     @property
     def rolling_update(self) -> bool:
@@ -154,6 +157,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"ResourceSlices without a restart (default {DEFAULT_REDISCOVER_INTERVAL_S:g}; 0: off)",
         metavar="SECONDS",
     )
+    add(
+        "--metrics-address",
+        "metrics_address",
+        "serve Prometheus /metrics at HOST:PORT (default empty: off)",
+        metavar="HOST:PORT",
+    )
 
 
 def _pick(values: Mapping[str, object], env: Mapping[str, str], dest: str) -> str | None:
@@ -197,6 +206,15 @@ def _interval(raw: str | None) -> float | None:
     return seconds or None
 
 
+def _metrics_address(raw: str | None) -> tuple[str, int] | None:
+    from dra_gpu import metrics  # prometheus_client only when settings are built, not for --help
+
+    try:
+        return metrics.parse_address(raw or "")
+    except metrics.AddressError as err:
+        raise SettingsError(str(err)) from None
+
+
 def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Settings:
     """Settings from parsed flags (``vars(args)``) and the environment; raises SettingsError."""
 
@@ -236,6 +254,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         healthz_address=pick("healthz_address") or DEFAULT_HEALTHZ_ADDRESS,
         log_level=log_level,
         rediscover_interval_s=_interval(pick("rediscover_interval")),
+        metrics_address=_metrics_address(pick("metrics_address")),
     )
     for path in dataclasses.astuple(socket_paths(settings)):
         if len(str(path).encode()) > sockets.MAX_PATH:

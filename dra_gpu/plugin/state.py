@@ -103,6 +103,7 @@ class StateSettings:
 class PrepareResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+    kind: str = ""  # the error's class name: a bounded label for metrics and events
 
 
 @dataclass(frozen=True)
@@ -183,9 +184,9 @@ class DeviceState:
                 return PrepareResult(devices=self._prepare_locked(ref))
         except (PlanError, cdi.CDIError, ConfigError) as exc:
             log.info("prepare %s (%s) failed: %s", ref, ref.uid, exc)
-            return PrepareResult(error=str(exc))
+            return PrepareResult(error=str(exc), kind=type(exc).__name__)
         except Exception as exc:
-            return PrepareResult(error=self._unexpected("prepare", ref, exc))
+            return PrepareResult(error=self._unexpected("prepare", ref, exc), kind="Unexpected")
 
     def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         record = self.store.load().claims.get(ref.uid)
