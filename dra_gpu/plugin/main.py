@@ -89,7 +89,15 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     from dra_gpu import metrics
     from dra_gpu.kube import errors
     from dra_gpu.kube.client import connect
-    from dra_gpu.plugin import checkpoint, dra_service, inventory, node_plugin, slice_api, sockets
+    from dra_gpu.plugin import (
+        checkpoint,
+        dra_service,
+        events,
+        inventory,
+        node_plugin,
+        slice_api,
+        sockets,
+    )
 
     try:
         backend = inventory.backend_for(
@@ -107,16 +115,18 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     # Prepare looks devices up in the latest inventory (it may change while the plugin runs).
     current = {d.name: d for d in devices}
     state = device_state(settings, client=client, inventory=lambda: current)
+    # What answers the kubelet: the state, plus Events on failures, plus metrics when asked.
+    with_events = events.FailureEvents(state, client, node_name=settings.node_name)
+    handler: dra_service.PrepareHandler = with_events
     measured = None
     if settings.metrics_address is not None:
         measured = metrics.PluginMetrics()
+        handler = measured.measured(with_events)
     plugin = node_plugin.NodePlugin(
         settings,
         store=store,
         devices=devices,
-        register_dra=dra_service.registrar(
-            state, measured.measured(state) if measured is not None else None
-        ),
+        register_dra=dra_service.registrar(state, handler),
     )
 
     def set_devices(new: Sequence[Device]) -> None:
@@ -173,6 +183,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         return 1
     finally:
         plugin.stop()
+        with_events.close()
         if stop_metrics is not None:
             stop_metrics()
     return 0

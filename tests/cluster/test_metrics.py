@@ -1,4 +1,5 @@
-"""``/metrics`` of the real plugin and controller processes, after real work.
+"""``/metrics`` of the real plugin and controller processes after real work, and the Events a
+failed prepare leaves on the pod and the claim.
 
 Plugin: a simulated node (``a100x4-mig``) runs the kubelet plugin with ``--metrics-address``;
 the real scheduler allocates a claim on it; the test, acting as the kubelet, prepares it twice
@@ -9,6 +10,10 @@ prepared/published gauges must say what the node holds.
 Controller: one replica with leader election and the webhook; an AdmissionReview with an
 invalid GpuConfig and a valid one are posted to the webhook. The scrape must show one refusal,
 one allowed review, the lease held, and a DeviceClass reconcile pass.
+
+Events: a claim whose MigDeviceConfig names an unknown sharing strategy is allocated (no webhook
+here), and prepare refuses it; a ``PrepareFailed`` Warning naming the field appears on the
+claim and on its pod, once however often the kubelet retries.
 """
 
 from __future__ import annotations
@@ -91,9 +96,17 @@ def plugin(cluster: Cluster) -> Iterator[tuple[str, Path, int, KubeClient]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def allocated_claim(kube: KubeClient, node: str) -> dict[str, Any]:
-    name = f"{node}-gpu"
-    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+def allocated_claim(
+    kube: KubeClient,
+    node: str,
+    name: str,
+    config: dict[str, Any] | None = None,
+    device_class: str = "gpu.nvidia.com",
+) -> dict[str, Any]:
+    request = {"name": "gpu", "exactly": {"deviceClassName": device_class}}
+    devices: dict[str, Any] = {"requests": [request]}
+    if config is not None:
+        devices["config"] = [{"opaque": {"driver": "gpu.nvidia.com", "parameters": config}}]
     kube.request(
         "POST",
         f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
@@ -101,7 +114,7 @@ def allocated_claim(kube: KubeClient, node: str) -> dict[str, Any]:
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": {"name": name},
-            "spec": {"devices": {"requests": [request]}},
+            "spec": {"devices": devices},
         },
     )
     pod = {
@@ -151,7 +164,7 @@ def test_plugin_metrics_count_what_the_kubelet_asked(
     plugin: tuple[str, Path, int, KubeClient],
 ) -> None:
     node, root, port, kube = plugin
-    claim = allocated_claim(kube, node)
+    claim = allocated_claim(kube, node, f"{node}-gpu")
     good = (claim["metadata"]["uid"], claim["metadata"]["name"])
     wrong_uid = (str(uuid.uuid4()), claim["metadata"]["name"])
     socket = PluginDirs.under(root).data / "dra.sock"
@@ -193,6 +206,50 @@ def test_plugin_metrics_count_what_the_kubelet_asked(
     )
     assert value(s, "dra_gpu_plugin_prepared_claims") == 0
     assert value(s, "dra_gpu_plugin_prepared_devices") == 0
+
+
+def events_about(kube: KubeClient, kind: str, name: str) -> list[dict[str, Any]]:
+    selector = f"involvedObject.kind={kind},involvedObject.name={name}"
+    items: list[dict[str, Any]] = (
+        kube.request(
+            "GET", f"/api/v1/namespaces/{NS}/events", query={"fieldSelector": selector}
+        ).get("items")
+        or []
+    )
+    return [e for e in items if e["reason"] == "PrepareFailed"]
+
+
+def test_failed_prepare_is_an_event_on_the_pod_and_the_claim(
+    plugin: tuple[str, Path, int, KubeClient],
+) -> None:
+    node, root, port, kube = plugin
+    bad = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "Sometimes"},
+    }
+    # A MIG device: the node's one full GPU is held by the other test's claim.
+    claim = allocated_claim(kube, node, f"{node}-bad", bad, "mig.nvidia.com")
+    ref = (claim["metadata"]["uid"], claim["metadata"]["name"])
+    socket = PluginDirs.under(root).data / "dra.sock"
+    failed = {"operation": "prepare", "result": "error", "error_kind": "PlanError"}
+    before = value(scrape(port), "dra_gpu_plugin_claims_total", **failed) or 0
+    for _ in range(3):  # the kubelet retries
+        (error,) = call(socket, "prepare", ref).values()
+        assert "strategy" in error, error
+
+    def both() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        on_claim = events_about(kube, "ResourceClaim", ref[1])
+        on_pod = events_about(kube, "Pod", ref[1])
+        return (on_claim, on_pod) if on_claim and on_pod else None
+
+    on_claim, on_pod = waiting.wait_for("PrepareFailed events", both, timeout=WAIT_S)
+    for event in on_claim + on_pod:
+        assert event["type"] == "Warning"
+        assert node in event["message"] and "strategy" in event["message"], event["message"]
+    assert on_claim[0]["involvedObject"]["uid"] == ref[0]
+    assert len(on_claim) == 1 and len(on_pod) == 1, "a retried failure is posted once"
+    assert value(scrape(port), "dra_gpu_plugin_claims_total", **failed) == before + 3
 
 
 # --- controller ----------------------------------------------------------------------------
