@@ -3,8 +3,11 @@ the series, bounded labels, and one Event per failure on the claim and each pod 
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -120,3 +123,40 @@ def test_claim_replaced_since_is_named_as_the_kubelet_asked() -> None:
     handler.prepare([Ref("bad")])
     handler.close()
     assert [e["involvedObject"]["uid"] for e in client.posted] == ["bad"]
+
+
+DASHBOARD = (
+    Path(__file__).resolve().parents[2]
+    / "manifests"
+    / "helm"
+    / "dra-gpu"
+    / "dashboards"
+    / "dra-gpu.json"
+)
+
+
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+
+
+def exported_names() -> set[str]:
+    """Every series name the plugin and the controller can export."""
+    plugin, controller = metrics.PluginMetrics(), metrics.ControllerMetrics()
+    plugin.watch_state(prepared=lambda: (0, 0), published=lambda: [("gpu", "HEALTHY")])
+    return {
+        family.name + suffix
+        for registry in (plugin.registry, controller.registry)
+        for family in registry.collect()
+        for suffix in SUFFIXES[family.type]
+    }
+
+
+def test_dashboard_queries_only_series_that_exist() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bdra_gpu_[a-z_]+", target["expr"])
+    }
+    exported = exported_names()
+    assert used and not used - exported, used - exported
