@@ -21,10 +21,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dra_gpu import DRIVER_NAME, slices
+from dra_gpu import DRIVER_NAME
 from dra_gpu.controller import classes
-from dra_gpu.devices import naming, simulated
 from dra_gpu.explain import analysis, cel
+from e2e.sim_slices import node_slices
 
 SELECTORS = (
     "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'",
@@ -37,18 +37,9 @@ TARGET_S = 1.0
 def cluster(nodes: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     out: list[dict[str, Any]] = []
     claims: list[dict[str, Any]] = []
-    profile = simulated.BUILTIN_PROFILES["h200x8"]
     for i in range(nodes):
         node = f"node-{i:05d}"
-        gpus = simulated.SimulatedBackend(profile=profile, node_name=node).discover().gpus
-        built = slices.build_resource_slices(
-            devices=naming.build_devices(gpus),
-            driver_name=DRIVER_NAME,
-            node_name=node,
-            pool_generation=1,
-            node_owner=None,
-        )
-        out += built
+        out += node_slices(node, "h200x8")
         results = [
             {"driver": DRIVER_NAME, "pool": node, "device": f"gpu-{g}", "request": "gpu"}
             for g in range(2)

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from dra_gpu import DRIVER_NAME, cli, slices
+from dra_gpu import DRIVER_NAME, cli
 from dra_gpu.controller import classes
-from dra_gpu.devices import naming, simulated
 from dra_gpu.explain import analysis, source
 from dra_gpu.kube.client import KubeClient, connect
 from e2e import waiting
 from e2e.cluster import Cluster
+from e2e.sim_slices import node_slices
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "default"
@@ -148,19 +148,6 @@ SHAPES: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]] = [
 ]
 
 
-def node_slices(node: str, profile: str, uid: str) -> list[dict[str, Any]]:
-    backend = simulated.SimulatedBackend(
-        profile=simulated.BUILTIN_PROFILES[profile], node_name=node
-    )
-    return slices.build_resource_slices(
-        devices=naming.build_devices(backend.discover().gpus),
-        driver_name=DRIVER_NAME,
-        node_name=node,
-        pool_generation=1,
-        node_owner=(node, uid),
-    )
-
-
 def untainted(kube: KubeClient, node: str) -> bool:
     return not kube.request("GET", f"/api/v1/nodes/{node}")["spec"].get("taints")
 
@@ -172,7 +159,11 @@ def client(cluster: Cluster) -> Iterator[KubeClient]:
     for profile in PROFILES:
         node = f"ex-{profile}-{suffix}"
         uid = str(cluster.register_node(node)["metadata"]["uid"])
-        doc = {"apiVersion": "v1", "kind": "List", "items": node_slices(node, profile, uid)}
+        doc = {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": node_slices(node, profile, owner_uid=uid),
+        }
         cluster.kubectl("create", "-f", "-", input=json.dumps(doc))
         # A new Node carries the not-ready taint until the node controller sees it Ready.
         waiting.wait_for(

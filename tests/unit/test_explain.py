@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from dra_gpu import DRIVER_NAME, slices
+from dra_gpu import DRIVER_NAME
 from dra_gpu.controller import classes
-from dra_gpu.devices import naming, simulated
 from dra_gpu.explain import analysis, render
 from dra_gpu.explain.cel import CelError, DeviceView, Selector
+from e2e.sim_slices import node_slices
 
 A = f"device.attributes['{DRIVER_NAME}']"
 H200 = DeviceView(
@@ -60,19 +60,6 @@ def test_same_values_are_evaluated_once() -> None:
     other = DeviceView(DRIVER_NAME, {**H200.attributes, "uuid": {"string": "GPU-2"}}, {})
     assert selector.check(H200).matches and selector.check(other).matches
     assert len(selector._memo) == 1
-
-
-def node_slices(node: str, profile: str) -> list[dict[str, Any]]:
-    backend = simulated.SimulatedBackend(
-        profile=simulated.BUILTIN_PROFILES[profile], node_name=node
-    )
-    return slices.build_resource_slices(
-        devices=naming.build_devices(backend.discover().gpus),
-        driver_name=DRIVER_NAME,
-        node_name=node,
-        pool_generation=1,
-        node_owner=None,
-    )
 
 
 SLICES = node_slices("h200", "h200x8") + node_slices("h100", "h100x8")
