@@ -99,8 +99,8 @@ def _as_integer(q: object) -> celtypes.IntType:
 FUNCTIONS: Final[Mapping[str, Callable[..., Any]]] = {
     "quantity": lambda s: parse_quantity(str(s)),
     "semver": lambda s: parse_semver(str(s)),
-    "isSemver": lambda s: celtypes.BoolType(_is_semver(str(s))),
-    "isQuantity": lambda s: celtypes.BoolType(_is_quantity(str(s))),
+    "isSemver": lambda s: celtypes.BoolType(_parses(parse_semver, str(s))),
+    "isQuantity": lambda s: celtypes.BoolType(_parses(parse_quantity, str(s))),
     "compareTo": _compare,
     "isGreaterThan": lambda a, b: celtypes.BoolType(int(_compare(a, b)) > 0),
     "isLessThan": lambda a, b: celtypes.BoolType(int(_compare(a, b)) < 0),
@@ -112,17 +112,9 @@ FUNCTIONS: Final[Mapping[str, Callable[..., Any]]] = {
 }
 
 
-def _is_semver(text: str) -> bool:
+def _parses(parse: Callable[[str], object], text: str) -> bool:
     try:
-        parse_semver(text)
-    except CelError:
-        return False
-    return True
-
-
-def _is_quantity(text: str) -> bool:
-    try:
-        parse_quantity(text)
+        parse(text)
     except CelError:
         return False
     return True
@@ -255,7 +247,10 @@ class Selector:
             tree = celparser.CELParser().parse(expression)
             env = celpy.Environment()
             self._program = env.program(env.compile(expression), functions=dict(FUNCTIONS))
-        except (celparser.CELParseError, LarkError, CELEvalError) as err:
+        except (celparser.CELParseError, LarkError) as err:
+            # cel-python's own message clips the expression; name the whole of it instead.
+            raise CelError(f"does not compile (CEL syntax error): {expression}") from err
+        except CELEvalError as err:
             raise CelError(f"does not compile: {_first_line(err)}") from err
         self.references = _references(tree)
         refs = self.references or ()
