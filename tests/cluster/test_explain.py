@@ -253,3 +253,25 @@ def test_explain_names_why_unsatisfiable_stays_pending(
     assert any("count 16 is more than any node offers" in s for s in report["suggestions"]), report
     assert cli.main(argv[:-2]) == 1  # the table names it too
     assert "count 16 is more than any node offers" in capsys.readouterr().out
+
+
+def test_explain_reads_a_pod_and_a_claim_by_name(
+    client: KubeClient, cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = ["--kubeconfig", str(cluster.kubeconfig), "-n", NS, "-o", "json"]
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "ex-by-name"},
+        "spec": {"devices": {"requests": [exactly("g", 1, "gpu.nvidia.com", f"{A}.x == 1")]}},
+    }
+    client.request("POST", f"{source.RESOURCE}/namespaces/{NS}/resourceclaims", body=body)
+    client.request("POST", f"/api/v1/namespaces/{NS}/pods", body=pod("ex-by-name", "ex-by-name"))
+    for target in ("pod/ex-by-name", "claim/ex-by-name"):
+        assert cli.main(["explain", target, *kubeconfig]) == 1
+        (report,) = json.loads(capsys.readouterr().out)
+        assert report["claim"] == f"{NS}/ex-by-name"
+        (request,) = report["requests"]
+        assert any("no such member" in (r.get("celError") or "") for r in request["ruledOut"])
+    assert cli.main(["explain", "pod/no-such-pod", *kubeconfig]) == 2
+    assert "no-such-pod" in capsys.readouterr().err
