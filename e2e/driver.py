@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -218,12 +218,15 @@ class PluginProcess(ManagedProcess):
 EXTENDED_RESOURCE = "nvidia.com/gpu"
 
 
-def controller_process(*, kubeconfig: Path, log_path: Path) -> ManagedProcess:
+def controller_process(
+    *, kubeconfig: Path, log_path: Path, extra: Sequence[str] = ()
+) -> ManagedProcess:
     """The controller without leader election or webhook: it keeps the DeviceClasses applied
-    (``gpu.nvidia.com`` with ``extendedResourceName: nvidia.com/gpu``)."""
+    (``gpu.nvidia.com`` with ``extendedResourceName: nvidia.com/gpu``); ``extra``: more flags."""
     argv = [
         *(sys.executable, "-m", "dra_gpu", "controller", "--kubeconfig", str(kubeconfig)),
         *("--no-leader-elect", "--extended-resource-name", EXTENDED_RESOURCE),
+        *extra,
     ]
     return ManagedProcess("controller", argv, log_path, _python_env())
 
@@ -234,6 +237,8 @@ class Driver:
 
     controller: ManagedProcess
     plugins: dict[str, PluginProcess]
+    # Where each process serves /metrics on 127.0.0.1: "controller" and the plugins' node names.
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def wait_ready(self, kube: Kube, *, timeout: float = 60.0) -> None:
         """Each plugin is registered with its kubelet and its node's devices are published; the

@@ -32,7 +32,6 @@ from typing import Any
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from dra_gpu.controller import classes
 from dra_gpu.kube.client import KubeClient, connect
@@ -40,24 +39,11 @@ from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
 from e2e import procs, waiting
 from e2e.cluster import Cluster
 from e2e.driver import PluginDirs, plugin_argv
+from e2e.probes import Series, scrape
+from e2e.probes import sample as value
 
 NS = "default"
 WAIT_S = 60.0  # bounds a broken test only
-Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(port: int) -> Series:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(series: Series, name: str, **labels: str) -> float | None:
-    return series.get((name, tuple(sorted(labels.items()))))
 
 
 def reachable(port: int) -> Series | None:
