@@ -98,6 +98,25 @@ class PluginMetrics:
             "Re-discoveries that changed the published devices",
             registry=r,
         )
+        self.nvml_latency = Histogram(
+            "dra_gpu_plugin_nvml_call_duration_seconds",
+            "Time of one NVML call, by NVML function",
+            ["function"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.nvml_failures = Counter(
+            "dra_gpu_plugin_nvml_call_failures",
+            "NVML calls that failed or did not return in time, by NVML function",
+            ["function", "reason"],
+            registry=r,
+        )
+
+    def nvml_call(self, function: str, seconds: float, outcome: str) -> None:
+        """Observer for the NVML backend: one call of ``function`` ended with ``outcome``."""
+        self.nvml_latency.labels(function).observe(seconds)
+        if outcome != "ok":
+            self.nvml_failures.labels(function, outcome).inc()
 
     def measured(self, handler: PrepareHandler) -> MeasuredHandler:
         return MeasuredHandler(handler, self)

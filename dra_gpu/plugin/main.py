@@ -99,11 +99,13 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         sockets,
     )
 
+    measured = metrics.PluginMetrics() if settings.metrics_address is not None else None
     try:
         backend = inventory.backend_for(
             simulate=settings.simulate,
             node_name=settings.node_name,
             driver_root=settings.driver_root,
+            nvml_observe=measured.nvml_call if measured is not None else None,
         )
         devices, discovery_errors = inventory.discover_with_errors(backend)
         inventory.log_errors(discovery_errors)
@@ -118,9 +120,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     # What answers the kubelet: the state, plus Events on failures, plus metrics when asked.
     with_events = events.FailureEvents(state, client, node_name=settings.node_name)
     handler: dra_service.PrepareHandler = with_events
-    measured = None
-    if settings.metrics_address is not None:
-        measured = metrics.PluginMetrics()
+    if measured is not None:
         handler = measured.measured(with_events)
     plugin = node_plugin.NodePlugin(
         settings,
