@@ -83,9 +83,8 @@ def as_table(report: Report) -> str:
                 ]
             )
         widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-        lines += [
-            "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows
-        ]
+        cells = ("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows)
+        lines += [f"  {line}".rstrip() for line in cells]
         for f in r.failures:
             what = f"  ruled out by {f.stage}: {f.devices} device(s)"
             if f.expression:
