@@ -3,13 +3,15 @@ failing selector with its values, CEL errors, constraints, and the suggestion th
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+import yaml
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.controller import classes
-from dra_gpu.explain import analysis, render
+from dra_gpu.explain import analysis, command, render
 from dra_gpu.explain.cel import CelError, DeviceView, Selector
 from e2e.sim_slices import node_slices
 
@@ -155,3 +157,12 @@ def test_first_available_takes_the_alternative_that_fits() -> None:
 def test_missing_class_is_named() -> None:
     report = explain([{"name": "g", "exactly": {"deviceClassName": "nope", "count": 1}}])
     assert report.suggestions == ["request g: DeviceClass 'nope' does not exist"]
+
+
+def test_json_and_yaml_carry_the_same_report() -> None:
+    report = explain([gpus(16)])
+    as_json = json.loads(command.output([report], "json"))
+    assert yaml.safe_load(command.output([report], "yaml")) == as_json
+    (data,) = as_json
+    assert data["satisfiable"] is False and data["fitsOn"] == []
+    assert data["requests"][0]["nodes"][0]["available"] in (2, 8)
