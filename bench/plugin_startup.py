@@ -121,6 +121,14 @@ def one_run(*, kubeconfig: Path, node: str, watcher: SliceWatch) -> tuple[float,
     return seen - started, rss
 
 
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--kubeconfig`` and ``--node``: the cluster and node ``target`` uses."""
+    parser.add_argument("--kubeconfig", type=Path, help="use this cluster instead of a new one")
+    parser.add_argument(
+        "--node", default="bench-node", help="node name (must exist with --kubeconfig)"
+    )
+
+
 @contextlib.contextmanager
 def target(args: argparse.Namespace) -> Iterator[tuple[Path, str, Any]]:
     if args.kubeconfig:
@@ -142,10 +150,7 @@ def target(args: argparse.Namespace) -> Iterator[tuple[Path, str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--kubeconfig", type=Path, help="use this cluster instead of a new one")
-    parser.add_argument(
-        "--node", default="bench-node", help="node name (must exist with --kubeconfig)"
-    )
+    add_target_arguments(parser)
     args = parser.parse_args()
     with target(args) as (kubeconfig, node, api):
         watcher = SliceWatch(api, node)

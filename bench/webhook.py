@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from dra_gpu.controller import registration  # noqa: E402
 from dra_gpu.kube import errors  # noqa: E402
 from dra_gpu.kube.client import KubeClient, connect  # noqa: E402
-from e2e import probes, procs, waiting  # noqa: E402
+from e2e import helm, probes, procs, waiting  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
 
 NS = "bench-webhook"
@@ -163,12 +163,13 @@ def ensure_namespace(client: KubeClient) -> None:
 
 
 def register(client: KubeClient, port: int, ca: Path) -> None:
-    config = registration.validating_webhook_configuration(
+    config = helm.webhook_configuration(
         CONFIG_NAME,
         registration.client_config_url(
             f"https://127.0.0.1:{port}/validate", ca_bundle_pem=ca.read_bytes()
         ),
         namespaces=[NS],
+        class_selector={"matchLabels": {"dra-gpu.bench/webhook": "true"}},
     )
     client.request("POST", WEBHOOKS, body=config)
     waiting.wait_for("the webhook to take effect", lambda: webhook_in_effect(client), timeout=30)

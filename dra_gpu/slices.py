@@ -25,6 +25,7 @@ from dra_gpu.devices.model import AttributeValue, Device, Version
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
 MAX_NAME_LENGTH = 253
 
 _BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
@@ -54,12 +55,15 @@ def encode_attribute(value: AttributeValue) -> dict[str, Any]:
     return {"string": value}
 
 
-def device_to_api(device: Device) -> dict[str, Any]:
-    return {
+def device_to_api(device: Device, taints: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "name": device.name,
         "attributes": {k: encode_attribute(v) for k, v in device.attributes.items()},
         "capacity": {k: {"value": format_quantity(v)} for k, v in device.capacity.items()},
     }
+    if taints:
+        out["taints"] = [dict(t) for t in taints]
+    return out
 
 
 def slice_name(*, node_name: str, driver_name: str, index: int) -> str:
@@ -88,15 +92,20 @@ def build_resource_slices(
     pool_generation: int,
     node_owner: tuple[str, str] | None,
     devices_per_slice: int = MAX_DEVICES_PER_SLICE,
+    taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices that publish ``devices`` for ``node_name`` (order preserved).
 
     ``node_owner`` is ``(node name, node uid)``: the slices are then garbage-collected with the
-    Node. ``devices_per_slice`` may only lower the API limit (64 applies once devices carry
-    taints or counters).
+    Node. ``devices_per_slice`` may only lower the API limit. ``taints``: device name -> its
+    taints (``device_taints``); while any device has one, a slice holds at most 64 devices, the
+    API server's limit for slices with taints.
     """
     if not 0 < devices_per_slice <= MAX_DEVICES_PER_SLICE:
         raise ValueError(f"devices_per_slice must be 1..{MAX_DEVICES_PER_SLICE}")
+    taints = taints or {}
+    if any(taints.values()):
+        devices_per_slice = min(devices_per_slice, MAX_DEVICES_PER_SLICE_WITH_TAINTS)
     if pool_generation < 0:
         raise ValueError("pool_generation must be >= 0")
     chunks = _chunks(devices, devices_per_slice)
@@ -115,7 +124,7 @@ def build_resource_slices(
                 "generation": pool_generation,
                 "resourceSliceCount": len(chunks),
             },
-            "devices": [device_to_api(d) for d in chunk],
+            "devices": [device_to_api(d, taints.get(d.name, ())) for d in chunk],
         }
         slices.append(
             {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": metadata, "spec": spec}

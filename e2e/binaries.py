@@ -239,7 +239,15 @@ def module_dir(module: str, version: str, *, log: Log) -> Path:
     return target
 
 
-def run_go(argv: list[str], *, cwd: Path, env: dict[str, str], log: Log, label: str) -> None:
+def run_go(
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    log: Log,
+    label: str,
+    estimate: float | None = None,
+) -> None:
     """Run a go command, printing a progress line every PROGRESS_EVERY_S; raise on failure."""
     start = time.monotonic()
     tail: list[str] = []
@@ -248,7 +256,7 @@ def run_go(argv: list[str], *, cwd: Path, env: dict[str, str], log: Log, label: 
 
     def heartbeat() -> None:
         while not done.wait(PROGRESS_EVERY_S):
-            log(f"[build] {label}: {_fmt(time.monotonic() - start)} elapsed, {count} packages")
+            log(progress_line(label, time.monotonic() - start, estimate, count))
 
     beat = threading.Thread(target=heartbeat, daemon=True)
     beat.start()
@@ -266,6 +274,35 @@ def run_go(argv: list[str], *, cwd: Path, env: dict[str, str], log: Log, label: 
     if rc != 0:
         joined = "\n".join(tail)
         raise RuntimeError(f"{label} failed (exit {rc}) in {cwd}: {' '.join(argv)}\n{joined}")
+
+
+def progress_line(label: str, elapsed: float, estimate: float | None, packages: int) -> str:
+    """``[build] kubelet v1.37.2: 2m30.0s elapsed of about 4m10.0s (last build), 412 packages``;
+    without a recorded build there is no estimate to give."""
+    of = f" of about {_fmt(estimate)} (last build)" if estimate else ""
+    return f"[build] {label}: {_fmt(elapsed)} elapsed{of}, {packages} packages"
+
+
+def go_build(
+    argv: list[str],
+    *,
+    directory: Path,
+    components: Sequence[str],
+    cwd: Path,
+    env: dict[str, str],
+    log: Log,
+    label: str,
+) -> None:
+    """One ``go build`` of ``components`` (cache ``directory``) with progress lines that give the
+    last recorded build's duration as the estimate; its own duration is recorded for the next."""
+    estimate = recorded_seconds(directory, components)
+    last = f"; the last build took {_fmt(estimate)}" if estimate else ""
+    log(f"[build] building {label}{last}")
+    start = time.monotonic()
+    run_go(argv, cwd=cwd, env=env, log=log, label=label, estimate=estimate)
+    elapsed = time.monotonic() - start
+    record_build(directory, components, elapsed)
+    log(f"[build] built {label} in {_fmt(elapsed)} -> {directory}")
 
 
 def _fmt(seconds: float) -> str:
@@ -306,9 +343,10 @@ def record_build(directory: Path, components: Sequence[str], seconds: float) -> 
     os.replace(tmp, path)
 
 
-def recorded_build_seconds(component: str, versions: Versions) -> float | None:
-    """Duration of the most recent recorded build that produced ``component``."""
-    path = component_dir(component, versions) / "build-times.json"
+def recorded_seconds(directory: Path, components: Sequence[str]) -> float | None:
+    """Duration of the most recent build recorded in ``directory`` that produced all of
+    ``components`` (None when there is none)."""
+    path = directory / "build-times.json"
     if not path.is_file():
         return None
     try:
@@ -316,9 +354,14 @@ def recorded_build_seconds(component: str, versions: Versions) -> float | None:
     except ValueError:
         return None
     for build in reversed(builds):
-        if component in build.get("components", []):
+        if set(components) <= set(build.get("components", [])):
             return float(build["seconds"])
     return None
+
+
+def recorded_build_seconds(component: str, versions: Versions) -> float | None:
+    """Duration of the most recent recorded build that produced ``component``."""
+    return recorded_seconds(component_dir(component, versions), [component])
 
 
 def _build_step(step: BuildStep, versions: Versions, *, log: Log) -> None:
@@ -335,17 +378,13 @@ def _build_step(step: BuildStep, versions: Versions, *, log: Log) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
         env = {**os.environ, "CGO_ENABLED": "1" if step.cgo else "0"}
         label = f"{', '.join(todo)} {version}"
-        log(f"[build] building {label} (cgo={'on' if step.cgo else 'off'}) from {src}")
-        start = time.monotonic()
+        argv = go_build_argv(step, tmp, versions)
         try:
-            run_go(go_build_argv(step, tmp, versions), cwd=src, env=env, log=log, label=label)
+            go_build(argv, directory=out, components=todo, cwd=src, env=env, log=log, label=label)
             for name in todo:
                 os.replace(tmp / name, out / name)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        elapsed = time.monotonic() - start
-        record_build(out, todo, elapsed)
-        log(f"[build] built {label} in {_fmt(elapsed)} -> {out}")
 
 
 def ensure(

@@ -1,10 +1,11 @@
 """``python -m e2e.cluster {up,down,env,logs}``: a cluster that stays up between shell commands.
 
-``up`` starts a detached supervisor (``python -m e2e.cluster _serve``, its own session) that owns
-the ``Cluster`` object and tears it down on SIGTERM; the components die with it (parent-death
-signal) even if it is SIGKILLed. The supervisor records itself in ``<cache>/cluster/state.json``
-once the cluster is ready; ``up`` follows the supervisor's log meanwhile and prints
-``export KUBECONFIG=<path>`` as its last line, so ``eval "$(python -m e2e.cluster up)"`` works.
+``up`` builds any missing binary first (its ``--timeout`` starts after that), then starts a
+detached supervisor (``python -m e2e.cluster _serve``, its own session) that owns the ``Cluster``
+object and tears it down on SIGTERM; the components die with it (parent-death signal) even if it
+is SIGKILLed. The supervisor records itself in ``<cache>/cluster/state.json`` once the cluster is
+ready; ``up`` follows the supervisor's log meanwhile and prints ``export KUBECONFIG=<path>`` as its
+last line, so ``eval "$(python -m e2e.cluster up)"`` works.
 ``down`` stops the supervisor and removes any process that still mentions the work directory.
 """
 
@@ -65,6 +66,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"a cluster is already running at {state['server']}", file=sys.stderr)
         print(_export_line(state))
         return 0
+    # Build first, here: --timeout is for the cluster to start, and a cold build takes minutes.
+    binaries.ensure(binaries.CONTROL_PLANE)
     _state_file().unlink(missing_ok=True)
     log = _supervisor_log()
     proc = supervisor.start(MODULE, log)
@@ -152,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a cluster in the background; prints export KUBECONFIG=")
-    up.add_argument("--timeout", type=float, default=3600.0, help="seconds (includes any build)")
+    up.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to be ready, after any build"
+    )
     up.set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop the background cluster").set_defaults(func=cmd_down)
     sub.add_parser("env", help="print export KUBECONFIG= again").set_defaults(func=cmd_env)

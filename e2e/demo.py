@@ -3,14 +3,18 @@
 ``python -m e2e.demo`` (what ``make demo`` runs):
 
 1. stops a demo left running, then starts the environment in the background (``e2e.demo_env``:
-   control plane, two GPU nodes, a kubelet plugin per node, the controller), showing its progress;
-   the first run builds the Kubernetes binaries (and, with real nodes, containerd and runc);
-2. applies example claims and pods from ``e2e/scenarios/`` (one namespace each);
+   control plane, two GPU nodes, a kubelet plugin per node, the controller with its admission
+   webhook), showing its progress; the first run builds the Kubernetes binaries (and, with real
+   nodes, containerd and runc);
+2. applies example claims and pods from ``e2e/scenarios/`` (one namespace each); an example the
+   admission webhook refuses gets a row saying why, as ``kubectl apply`` would;
 3. waits until each pod is scheduled and its claims allocated; then reads what each container
    saw: on a real node from the container's log, on a simulated node by calling
    NodePrepareResources as the kubelet would and resolving the returned CDI device IDs;
 4. prints the table pod → claim → node → device → what the container saw, and how to explore
-   and tear down. Everything stays up until ``python -m e2e.demo down``.
+   and tear down. When the nodes are simulated (no container ran), the table's heading and the
+   last lines say so, why, and which log tells more. Everything stays up until
+   ``python -m e2e.demo down``.
 
 ``python -m e2e.demo status`` prints the running demo's kubeconfig and nodes.
 """
@@ -25,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kubernetes.client import ApiException
+
 from e2e import demo_env, demo_view, supervisor
 from e2e.demo_env import DemoState, NodeInfo
 from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
@@ -32,7 +38,8 @@ from e2e.suite.views import LogIncomplete, extended_requests, parse_report
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS_DIR = REPO_ROOT / "e2e" / "scenarios"
-# Shown in this order; together they fit the two nodes' GPUs (8 H200, A100s with MIG).
+# Shown in this order; together they fit the two nodes' GPUs (8 H200, A100s with MIG). The last
+# is bad input: the admission webhook refuses it.
 DEMO_SCENARIOS = (
     "one-gpu",
     "two-gpus",
@@ -42,6 +49,7 @@ DEMO_SCENARIOS = (
     "gpu-config",
     "shared-by-containers",
     "shared-by-pods",
+    "invalid-config",
 )
 NAMESPACE_PREFIX = "demo-"
 WAIT_S = 120.0
@@ -81,22 +89,33 @@ def stop_environment() -> bool:
 # ----- applying the examples and observing them ----------------------------------------------
 
 
-def apply_scenarios(kube: Kube, state: DemoState) -> list[tuple[str, str]]:
-    """Create each scenario in its own namespace; (namespace, pod name) of every pod."""
+def apply_scenarios(kube: Kube, state: DemoState) -> list[tuple[str, str] | demo_view.Row]:
+    """Create each scenario in its own namespace. In scenario order: (namespace, pod name) of
+    every pod created, and the rows of a scenario the admission webhook refused (its objects
+    from the refused one on are not created, as with ``kubectl apply`` stopping there)."""
     real = [n.name for n in state.nodes if n.real]
-    pods: list[tuple[str, str]] = []
+    entries: list[tuple[str, str] | demo_view.Row] = []
     for name in DEMO_SCENARIOS:
         namespace = NAMESPACE_PREFIX + name
         kube.create_namespace(namespace)
-        for doc in load_manifests(SCENARIOS_DIR / name):
+        docs = load_manifests(SCENARIOS_DIR / name)
+        for i, doc in enumerate(docs):
             if doc["kind"] == "Pod" and real:
                 # Real containers only run on real nodes: keep the pods off simulated ones.
                 selector = dict([demo_env.REAL_NODE_LABEL])
                 doc = {**doc, "spec": {**doc["spec"], "nodeSelector": selector}}
-            kube.create(namespace, doc)
+            try:
+                kube.create(namespace, doc)
+            except ApiException as exc:
+                why = demo_view.admission_refusal(exc.body)
+                if why is None:
+                    raise
+                pods = [d["metadata"]["name"] for d in docs[i:] if d["kind"] == "Pod"]
+                entries += demo_view.refused_rows(name, doc, pods, why)
+                break
             if doc["kind"] == "Pod":
-                pods.append((namespace, doc["metadata"]["name"]))
-    return pods
+                entries.append((namespace, doc["metadata"]["name"]))
+    return entries
 
 
 def _placed(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
@@ -221,6 +240,8 @@ def explore_text(state: DemoState) -> str:
         "(log) = read from the container's log; (CDI) = the environment and device nodes the",
         "container would get: NodePrepareResources called as the kubelet would, its CDI device",
         "IDs resolved in the plugin's CDI directory, as the container runtime does.",
+        "(admission) = the admission webhook refused the example's claim: nothing was created",
+        f"from it on. The webhook: {state.webhook} (controller log {state.controller_log}).",
         "",
         "Explore:",
         f"  export KUBECONFIG={state.kubeconfig}",
@@ -232,10 +253,39 @@ def explore_text(state: DemoState) -> str:
         f"  ls {' '.join(sorted({n.cdi_root for n in state.nodes}))}",
         f"  (or, without the alias: {kubectl} get resourceslices)",
         "",
+        *_health_text(state),
         "Tear down:",
         "  .venv/bin/python -m e2e.demo down",
     ]
     return "\n".join(lines)
+
+
+def result_text(state: DemoState, rows: Sequence[demo_view.Row]) -> str:
+    """What the demo ends with: the heading, the table, how to explore; when no container ran,
+    the heading starts with why, and the last lines say it again (the table and the build output
+    above may have scrolled the heading away)."""
+    simulated = [n for n in state.nodes if not n.real]
+    notes, logs = [n.note for n in simulated], [n.note_log for n in simulated]
+    some_real = len(simulated) < len(state.nodes)
+    notice = demo_view.fallback_notice(notes, logs, some_real=some_real)
+    head = demo_view.heading(notes, logs, some_real=some_real)
+    parts = [head, demo_view.render_table(rows), explore_text(state)]
+    return "\n".join(parts + (["", *notice] if notice else []))
+
+
+def _health_text(state: DemoState) -> list[str]:
+    """How to show device health: inject an XID on the first node's GPU, see the taint."""
+    node = next((n for n in state.nodes if n.state_dir and n.profile == "h200x8"), None)
+    if node is None:
+        return []
+    health = f".venv/bin/python -m dra_gpu health --state-dir {node.state_dir}"
+    return [
+        "Device health (docs/device-health.md): an XID on a GPU of node " + node.name + ":",
+        f"  {health} inject gpu-3 xid 79",
+        "  kubectl get resourceslices -o yaml | grep -A4 'taints:'",
+        f"  {health} clear gpu-3",
+        "",
+    ]
 
 
 def cmd_run(_: argparse.Namespace) -> int:
@@ -244,11 +294,11 @@ def cmd_run(_: argparse.Namespace) -> int:
     state = start_environment()
     kube = Kube.from_kubeconfig(state.kubeconfig)
     _err("[demo] applying example claims and pods from e2e/scenarios/")
-    pods = apply_scenarios(kube, state)
-    rows = [row for namespace, name in pods for row in observe(kube, state, namespace, name)]
+    rows: list[demo_view.Row] = []
+    for entry in apply_scenarios(kube, state):
+        rows += [entry] if isinstance(entry, demo_view.Row) else observe(kube, state, *entry)
     print()
-    print(demo_view.render_table(rows))
-    print(explore_text(state))
+    print(result_text(state, rows))
     return 0
 
 

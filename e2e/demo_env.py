@@ -8,10 +8,17 @@ session) that owns everything and tears it down on SIGTERM (``python -m e2e.demo
    ``a100x4-mig``: A100s with MIG devices). Each is a *real* node (kubelet + containerd + runc
    from ``e2e.node``, so pods really run) when that works on this machine, else a *simulated*
    node: a Node object without a kubelet, whose Lease the supervisor keeps renewing;
-3. one kubelet plugin per node (simulated GPUs) and the controller (DeviceClasses), as processes;
-4. it waits until both nodes' ResourceSlices and the DeviceClasses are in the API, then writes
-   ``<cache>/demo/state.json``: the supervisor's pid, the kubeconfig, and per node whether it is
-   real and where its plugin's DRA socket and CDI directory are.
+3. one kubelet plugin per node (simulated GPUs) and the controller, as processes: the controller
+   keeps the DeviceClasses applied and serves the admission webhook, which the chart's own
+   ValidatingWebhookConfiguration (rendered with helm, by URL instead of Service) registers;
+4. it waits until both nodes' ResourceSlices and the DeviceClasses are in the API and the API
+   server refuses a bad claim through the webhook, then writes ``<cache>/demo/state.json``: the
+   supervisor's pid, the kubeconfig, and per node whether it is real and where its plugin's DRA
+   socket and CDI directory are.
+
+Builds come before the waits that follow them: helm before the controller starts, and a node's
+wait for Ready starts after its kubelet, containerd and runc are built (``e2e.node``), so a cold
+first run does not fall back for lack of time.
 
 Real nodes need root and a cgroup/network setup the harness can create; ``DRA_GPU_DEMO_REAL_NODES``
 is ``auto`` (default: try, fall back to simulated and say why), ``yes`` (fail instead) or ``no``.
@@ -29,15 +36,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e import binaries, procs, supervisor
+from e2e import binaries, helm, procs, supervisor
 from e2e.cluster import Cluster
-from e2e.driver import ManagedProcess, PluginProcess, controller_process, wait_published
+from e2e.driver import (
+    ManagedProcess,
+    PluginProcess,
+    WebhookServing,
+    controller_process,
+    register_webhook,
+    wait_published,
+)
+from e2e.suite.kube import Kube
 
 NODE_PROFILES = {"demo-h200": "h200x8", "demo-a100": "a100x4-mig"}
 # Simulated nodes carry the label GPU Feature Discovery puts on real GPU nodes.
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 REAL_NODE_LABEL = ("dra-gpu.test/real-node", "true")
 READY_TIMEOUT_S = 180.0
+WEBHOOK_CONFIG = "dra-gpu-webhook"  # the chart's name for it (release dra-gpu)
 MODULE = "e2e.demo"  # ``python -m e2e.demo _serve`` is the supervisor
 
 
@@ -62,6 +78,8 @@ class NodeInfo:
     cdi_root: str
     plugin_log: str
     note: str = ""  # why a node is simulated, when a real one was wanted
+    note_log: str = ""  # the log that tells more, when a real node failed
+    state_dir: str = ""  # the plugin's state directory (its health command file is there)
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,7 @@ class DemoState:
     server: str
     kubectl: str
     controller_log: str
+    webhook: str  # the URL the ValidatingWebhookConfiguration sends claims to
     nodes: tuple[NodeInfo, ...]
 
     @classmethod
@@ -122,25 +141,33 @@ class Environment:
         self.plugins: dict[str, PluginProcess] = {}
         self.infos: list[NodeInfo] = []
         self.controller: ManagedProcess | None = None
+        self.webhook = WebhookServing(port=_free_port(), cert_dir=workdir / "controller-certs")
 
     def up(self) -> None:
         _say("[demo] starting the control plane (Kubernetes binaries are built the first time)")
         self.cluster.up()
+        helm.ensure_helm()  # renders the chart's webhook configuration; built the first time
         self.controller = controller_process(
-            kubeconfig=self.cluster.kubeconfig, log_path=self.workdir / "controller.log"
+            kubeconfig=self.cluster.kubeconfig,
+            log_path=self.workdir / "controller.log",
+            webhook=self.webhook,
         ).start()
         mode = real_nodes_wanted()
         note = {
             "no": "real nodes off (DRA_GPU_DEMO_REAL_NODES=no)",
             "unavailable": "real nodes need root on Linux",
         }.get(mode, "")
+        note_log = ""
         for name, profile in NODE_PROFILES.items():
             real = False
             if mode in ("auto", "yes") and not note:
                 real, note = self._try_real_node(name, profile, required=mode == "yes")
+                # The supervisor's log has the failed node's own log tails.
+                note_log = "" if real else str(supervisor_log())
             if not real:
-                self._simulated_node(name, profile, note)
+                self._simulated_node(name, profile, note, note_log)
         self._wait_published()
+        self._register_webhook()
 
     def _try_real_node(self, name: str, profile: str, *, required: bool) -> tuple[bool, str]:
         _say(f"[demo] starting real node {name} (kubelet + containerd; built the first time)")
@@ -153,15 +180,15 @@ class Environment:
                 raise
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             _say(f"[demo] real node {name} unavailable ({reason}); using simulated nodes")
-            return False, f"real node unavailable: {reason}"
+            return False, f"real node {name} unavailable: {reason}"
         self.nodes.append(node)
         plugin = PluginProcess.for_node(
             node, kubeconfig=self.cluster.kubeconfig, profile=profile, healthz_port=_free_port()
         )
-        self._add_plugin(name, profile, plugin, real=True, note="")
+        self._add_plugin(name, profile, plugin, real=True)
         return True, ""
 
-    def _simulated_node(self, name: str, profile: str, note: str) -> None:
+    def _simulated_node(self, name: str, profile: str, note: str, note_log: str) -> None:
         _say(f"[demo] registering simulated node {name} (profile {profile}, no kubelet)")
         self.cluster.register_node(name, labels=dict(GPU_NODE_LABELS))
         plugin = PluginProcess.simulated(
@@ -171,10 +198,17 @@ class Environment:
             profile=profile,
             healthz_port=_free_port(),
         )
-        self._add_plugin(name, profile, plugin, real=False, note=note)
+        self._add_plugin(name, profile, plugin, real=False, note=note, note_log=note_log)
 
     def _add_plugin(
-        self, name: str, profile: str, plugin: PluginProcess, *, real: bool, note: str
+        self,
+        name: str,
+        profile: str,
+        plugin: PluginProcess,
+        *,
+        real: bool,
+        note: str = "",
+        note_log: str = "",
     ) -> None:
         self.plugins[name] = plugin
         self.infos.append(
@@ -186,16 +220,25 @@ class Environment:
                 cdi_root=str(plugin.dirs.cdi_root),
                 plugin_log=str(plugin.log_path),
                 note=note,
+                note_log=note_log,
+                state_dir=str(plugin.dirs.state),
             )
         )
         plugin.start()
 
-    def _wait_published(self) -> None:
-        from e2e.suite.kube import Kube
+    def _kube(self) -> Kube:
+        return Kube(self.cluster.api_client())
 
+    def _wait_published(self) -> None:
         _say("[demo] waiting for the plugins to publish ResourceSlices")
-        kube = Kube(self.cluster.api_client())
-        wait_published(kube, self.plugins.values(), timeout=READY_TIMEOUT_S)
+        wait_published(self._kube(), self.plugins.values(), timeout=READY_TIMEOUT_S)
+
+    def _register_webhook(self) -> None:
+        assert self.controller is not None
+        _say(f"[demo] registering the admission webhook ({WEBHOOK_CONFIG}, {self.webhook.url})")
+        register_webhook(
+            self._kube(), WEBHOOK_CONFIG, self.controller, self.webhook, timeout=READY_TIMEOUT_S
+        )
 
     def state(self) -> DemoState:
         assert self.controller is not None
@@ -206,6 +249,7 @@ class Environment:
             server=self.cluster.server,
             kubectl=str(self.cluster.bin("kubectl")),
             controller_log=str(self.controller.log_path),
+            webhook=self.webhook.url,
             nodes=tuple(self.infos),
         )
 

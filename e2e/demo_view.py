@@ -13,7 +13,9 @@ device from the ``GPU_DEVICE_<key>*`` variables the driver's CDI specs set.
 
 from __future__ import annotations
 
+import json
 import re
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,11 +98,72 @@ class Row:
     node: str
     devices: str
     saw: str
-    source: str  # "log", "cdi" or "" when nothing was observed
+    source: str  # "log", "cdi", "admission" (refused, never ran) or "" when nothing was observed
 
 
 HEADERS = ("POD", "CLAIM", "NODE", "DEVICE", "WHAT THE CONTAINER SAW")
-SOURCE_MARK = {"log": "(log)", "cdi": "(CDI)", "": ""}
+SOURCE_MARK = {"log": "(log)", "cdi": "(CDI)", "admission": "(admission)", "": ""}
+_DENIED = re.compile(r'admission webhook "([^"]+)" denied the request: ')
+
+
+def admission_refusal(body: str | None) -> str | None:
+    """The webhook's reason when an API error ``body`` is an admission webhook's refusal."""
+    try:
+        message = str(json.loads(body or "").get("message", ""))
+    except (ValueError, AttributeError):
+        return None
+    match = _DENIED.search(message)
+    return message[match.end() :] if match else None
+
+
+def refused_rows(
+    scenario: str, refused: Mapping[str, Any], pods: Iterable[str], why: str
+) -> list[Row]:
+    """One row per pod of a scenario whose ``refused`` object the admission webhook turned down:
+    the pods were never created, so nothing ran. One line per problem, wrapped between words
+    (a field path stays whole)."""
+    lines = [
+        line
+        for part in why.split("; ")
+        for line in textwrap.wrap(part, width=72, break_long_words=False, break_on_hyphens=False)
+    ]
+    saw = "\n".join(["refused at admission:", *lines])
+    name = f"{refused['kind']} {refused['metadata']['name']}"
+    return [Row(f"{scenario}/{pod}", name, "-", "-", saw, "admission") for pod in pods]
+
+
+def fallback_notice(notes: Sequence[str], logs: Sequence[str], *, some_real: bool) -> list[str]:
+    """What to say when nodes are simulated: ``notes`` says why each is, ``logs`` where to read
+    more; ``some_real``: the other nodes are real (the pods run there only). Nothing when every
+    node is real."""
+    if not notes:
+        return []
+    reasons = "; ".join(dict.fromkeys(n for n in notes if n)) or "simulated nodes"
+    head = "SOME NODES ARE SIMULATED" if some_real else "NO CONTAINER RAN"
+    return [
+        f"{head}: {reasons}.",
+        *(f"  See why: less {log}" for log in dict.fromkeys(g for g in logs if g)),
+    ]
+
+
+def heading(notes: Sequence[str], logs: Sequence[str], *, some_real: bool) -> str:
+    """The line(s) above the table: where "what the container saw" comes from."""
+    notice = fallback_notice(notes, logs, some_real=some_real)
+    if some_real or not notice:
+        return "\n".join(
+            [
+                *notice,
+                "Pods on real nodes (kubelet + containerd); each container's report read from its "
+                "log:",
+            ]
+        )
+    return "\n".join(
+        [
+            *notice,
+            "Pods on simulated nodes (no kubelet): what each container would see, from the CDI",
+            "edits of the devices NodePrepareResources returned:",
+        ]
+    )
 
 
 def render_table(rows: Sequence[Row]) -> str:

@@ -21,11 +21,15 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from kubernetes import client
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.config.v1beta1 import API_VERSION
+from dra_gpu.controller import registration
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
-from e2e import procs, waiting
+from e2e import helm, probes, procs, waiting
 from e2e.suite.kube import RESOURCE, Kube, wait_for
 
 if TYPE_CHECKING:
@@ -218,17 +222,100 @@ class PluginProcess(ManagedProcess):
 EXTENDED_RESOURCE = "nvidia.com/gpu"
 
 
+@dataclass(frozen=True)
+class WebhookServing:
+    """Where a controller run as a process serves its admission webhook: ``127.0.0.1:<port>``,
+    with the self-signed CA and certificate it writes into ``cert_dir`` at start."""
+
+    port: int
+    cert_dir: Path
+
+    @property
+    def ca(self) -> Path:
+        return self.cert_dir / "ca.crt"
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}{registration.VALIDATE_PATH}"
+
+    def args(self) -> list[str]:
+        return [
+            *("--webhook-port", str(self.port), "--webhook-address", "127.0.0.1"),
+            *("--cert-dir", str(self.cert_dir)),
+        ]
+
+
 def controller_process(
-    *, kubeconfig: Path, log_path: Path, extra: Sequence[str] = ()
+    *,
+    kubeconfig: Path,
+    log_path: Path,
+    webhook: WebhookServing | None = None,
+    extra: Sequence[str] = (),
 ) -> ManagedProcess:
-    """The controller without leader election or webhook: it keeps the DeviceClasses applied
-    (``gpu.nvidia.com`` with ``extendedResourceName: nvidia.com/gpu``); ``extra``: more flags."""
+    """The controller without leader election: it keeps the DeviceClasses applied
+    (``gpu.nvidia.com`` with ``extendedResourceName: nvidia.com/gpu``) and, given ``webhook``,
+    serves the admission webhook there (``register_webhook`` points the API server at it);
+    ``extra``: more flags."""
     argv = [
         *(sys.executable, "-m", "dra_gpu", "controller", "--kubeconfig", str(kubeconfig)),
         *("--no-leader-elect", "--extended-resource-name", EXTENDED_RESOURCE),
+        *(webhook.args() if webhook else []),
         *extra,
     ]
     return ManagedProcess("controller", argv, log_path, _python_env())
+
+
+def register_webhook(
+    kube: Kube,
+    name: str,
+    controller: ManagedProcess,
+    webhook: WebhookServing,
+    *,
+    timeout: float,
+) -> None:
+    """What the chart does, for a controller process: once it serves, register the chart's
+    ValidatingWebhookConfiguration (rendered with helm, which must be built: its build is no
+    part of ``timeout``) by URL instead of Service, and return when the API server refuses a bad
+    claim through it (a configuration takes a moment to take effect)."""
+
+    def serving() -> bool:
+        if not controller.alive:
+            raise RuntimeError(f"the controller exited:\n{controller.log_tail()}")
+        return probes.https_healthy(webhook.port, webhook.ca)
+
+    waiting.wait_for(f"the controller's webhook at {webhook.url}", serving, timeout=timeout)
+    client_config = registration.client_config_url(
+        webhook.url, ca_bundle_pem=webhook.ca.read_bytes()
+    )
+    config: Any = helm.webhook_configuration(name, client_config)  # the client takes plain dicts
+    client.AdmissionregistrationV1Api(kube.api).create_validating_webhook_configuration(config)
+    wait_for(
+        f"webhook configuration {name} to take effect", lambda: _refuses(kube), timeout=timeout
+    )
+
+
+def _refuses(kube: Kube) -> bool:
+    """A server-side dry run of a claim with a bad GpuConfig is refused by our webhook."""
+    params = {"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "Sometimes"}}
+    claim = {
+        "apiVersion": "/".join(RESOURCE),
+        "kind": "ResourceClaim",
+        "metadata": {"name": "webhook-probe"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_CLASS}}],
+                "config": [{"opaque": {"driver": DRIVER_NAME, "parameters": params}}],
+            }
+        },
+    }
+    try:
+        kube.custom.create_namespaced_custom_object(
+            *RESOURCE, "default", "resourceclaims", claim, dry_run="All"
+        )
+    except client.ApiException as exc:
+        body = str(exc.body)  # JSON: the message's quotes are escaped
+        return "denied the request" in body and registration.WEBHOOK_NAME in body
+    return False
 
 
 @dataclass

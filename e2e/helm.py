@@ -8,6 +8,10 @@
 - ``render()`` runs ``helm template`` with a pinned ``--kube-version``, so the output depends only
   on the chart and the values (the committed plain manifests are compared with it byte for byte).
 
+- ``webhook_configuration()``: the chart's ValidatingWebhookConfiguration pointed at a webhook run
+  as a local process (the demo, tests, benchmarks), so they exercise the chart's own rules and
+  match conditions.
+
 CLI: ``python -m e2e.helm`` prints the helm path (building it first when needed);
 ``python -m e2e.helm render`` rewrites ``manifests/rendered/`` from the chart.
 """
@@ -17,11 +21,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from e2e.binaries import build_lock, cache_root, module_version, run_go
+import yaml
+
+from e2e.binaries import build_lock, cache_root, go_build, module_version
 
 GOMOD = Path(__file__).resolve().parent / "gomod" / "helm"
 MODULE = "helm.sh/helm/v3"
@@ -48,8 +54,8 @@ def helm_path() -> Path:
     return cache_root() / f"helm-{helm_version()}" / "helm"
 
 
-def _log(message: str) -> None:
-    print(f"[helm] {message}", file=sys.stderr, flush=True)
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _go_build(version: str, out: Path) -> None:
@@ -61,7 +67,10 @@ def _go_build(version: str, out: Path) -> None:
     )
     cmd = ["go", "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(out), PACKAGE]
     env = {**os.environ, "CGO_ENABLED": "0"}
-    run_go(cmd, cwd=GOMOD, env=env, log=_log, label=f"helm {version}")
+    directory, label = helm_path().parent, f"helm {version}"
+    go_build(
+        cmd, directory=directory, components=["helm"], cwd=GOMOD, env=env, log=_log, label=label
+    )
 
 
 def ensure_helm() -> Path:
@@ -73,13 +82,10 @@ def ensure_helm() -> Path:
     with build_lock(target.parent):
         if target.is_file():  # another process built it while we waited
             return target
-        _log(f"building helm {version} from the Go module proxy (once, into {target.parent})")
-        start = time.monotonic()
         tmp = target.parent / ".tmp" / "helm"
         tmp.parent.mkdir(parents=True, exist_ok=True)
         _go_build(version, tmp)
         os.replace(tmp, target)
-        _log(f"built {target} in {time.monotonic() - start:.0f} s")
     return target
 
 
@@ -115,6 +121,37 @@ def render(
     if proc.returncode != 0:
         raise RuntimeError(f"helm template failed: {proc.stderr.strip()}")
     return proc.stdout
+
+
+def webhook_configuration(
+    name: str,
+    client_config: Mapping[str, Any],
+    *,
+    namespaces: Sequence[str] | None = None,
+    class_selector: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The chart's ValidatingWebhookConfiguration (its webhooks and rules as rendered) sent to
+    ``client_config`` instead of the chart's Service: a webhook run as a local process.
+    ``namespaces`` and ``class_selector`` (DeviceClasses) limit it further, for a shared
+    cluster; left out, it applies where the chart's does."""
+    rendered = render(set_values={"webhook.enabled": True, "webhook.tls.caBundle": "Cg=="})
+    (config,) = [
+        doc
+        for doc in yaml.safe_load_all(rendered)
+        if doc and doc["kind"] == "ValidatingWebhookConfiguration"
+    ]
+    config["metadata"] = {"name": name}
+    for webhook in config["webhooks"]:
+        webhook["clientConfig"] = dict(client_config)
+        namespaced = all(rule.get("scope") == "Namespaced" for rule in webhook["rules"])
+        if namespaced and namespaces is not None:
+            only = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [*namespaces]}
+            selector = webhook.setdefault("namespaceSelector", {})
+            selector.setdefault("matchExpressions", []).append(only)
+        elif not namespaced and class_selector is not None:
+            webhook["objectSelector"] = dict(class_selector)
+    result: dict[str, Any] = config
+    return result
 
 
 def render_committed() -> dict[Path, str]:

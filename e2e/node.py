@@ -83,10 +83,13 @@ class Node:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def up(self, *, timeout: float = 120.0) -> Node:
-        started = time.monotonic()
+        """Build what is missing, then start the node and wait until it is Ready. ``timeout``
+        covers only the start: its clock starts after the builds, which take minutes the first
+        time (a budget spent on the build left a cold ``make demo`` 0 s to wait for the node)."""
         self._bins = ensure_node_binaries()
         kubelet = binaries.ensure(("kubelet",), log=self.log)["kubelet"]
         archives = images.ensure_images(images.cache_dir())
+        started = time.monotonic()
         for root in node_cleanup.reap_stale():
             self.log(f"[node] cleaned up after a killed run: {root}")
         self._up = True

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.binaries import build_lock, cache_root, module_version, run_go
+from e2e.binaries import build_lock, cache_root, go_build, module_version
 
 GOMOD = Path(__file__).resolve().parent / "gomod"
 CNI_BIN_DIR = Path("/usr/lib/cni")
@@ -98,17 +98,22 @@ def ensure_built(build: GoBuild) -> Path:
         for binary, package, cgo, tags in build.packages:
             if (directory / binary).is_file():
                 continue
-            label = f"{binary} {build.version}"
-            print(f"[node-binaries] building {label} (cgo={'on' if cgo else 'off'})", flush=True)
-            started = time.monotonic()
             ldflags = f"-s -w -X {build.version_var}={build.version}"
             cmd = ["go", "build", "-v", "-trimpath", "-tags", tags, "-ldflags", ldflags]
             cmd += ["-o", str(tmp / binary), package]
             env = {**os.environ, "CGO_ENABLED": "1" if cgo else "0"}
-            # binaries' runner prints a heartbeat every 30 s and the output's tail on failure.
-            run_go(cmd, cwd=build.module_dir, env=env, log=_log, label=label)
+            # The harness's runner: progress lines with the last build's time, the output's
+            # tail on failure.
+            go_build(
+                cmd,
+                directory=directory,
+                components=[binary],
+                cwd=build.module_dir,
+                env=env,
+                log=_log,
+                label=f"{binary} {build.version}",
+            )
             (tmp / binary).replace(directory / binary)
-            print(f"[node-binaries] {label} built in {time.monotonic() - started:.0f}s", flush=True)
     return directory
 
 
@@ -125,10 +130,17 @@ def ensure_debian_packages(packages: tuple[str, ...] = DEBIAN_PACKAGES) -> None:
         return
     if shutil.which("apt-get") is None:
         raise RuntimeError(f"missing packages {missing} and no apt-get to install them")
-    print(f"[node-binaries] apt-get install {' '.join(missing)}", flush=True)
+    names = " ".join(missing)
+    print(f"[build] apt-get install {names}", flush=True)
+    started = time.monotonic()
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, env=env)
+    # One line for the progress; apt's own output (pages of it) only when it fails.
+    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *missing]):
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+            raise RuntimeError(f"{' '.join(argv)} failed (exit {proc.returncode}):\n{tail}")
+    print(f"[build] installed {names} in {time.monotonic() - started:.0f} s", flush=True)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ union member's failures.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -21,6 +22,14 @@ import pydantic
 from pydantic_core import ErrorDetails
 
 from dra_gpu.config import v1beta1
+from dra_gpu.config.shown import shown
+
+# A map key that is safe to print as a path step (``.gpu0``); anything else is quoted
+# (``["0\\n"]``) so that a newline or a 5,000-character key cannot pass for a path.
+_PLAIN_KEY: Final = re.compile(r"[A-Za-z0-9_/-]{1,64}")
+# A message lists this many problems; the rest are counted (a 10 KiB config of unknown fields
+# would otherwise make a message of thousands of lines).
+_SHOWN_PROBLEMS: Final = 20
 
 _KINDS: Final[dict[str, type[v1beta1.GpuConfig] | type[v1beta1.MigDeviceConfig]]] = {
     v1beta1.GPU_CONFIG_KIND: v1beta1.GpuConfig,
@@ -44,7 +53,10 @@ class ConfigError(ValueError):
 
     def __init__(self, problems: Iterable[Problem]) -> None:
         self.problems: tuple[Problem, ...] = tuple(problems)
-        super().__init__("; ".join(str(p) for p in self.problems))
+        listed = [str(p) for p in self.problems[:_SHOWN_PROBLEMS]]
+        if len(self.problems) > _SHOWN_PROBLEMS:
+            listed.append(f"and {len(self.problems) - _SHOWN_PROBLEMS} more problems")
+        super().__init__("; ".join(listed))
 
 
 def _path(loc: Iterable[int | str]) -> str:
@@ -54,6 +66,8 @@ def _path(loc: Iterable[int | str]) -> str:
             continue  # pydantic's marker for "the key itself failed"; the key is already named
         if isinstance(item, int):
             parts.append(f"[{item}]")
+        elif not _PLAIN_KEY.fullmatch(item):
+            parts.append(f"[{shown(item)}]")
         elif parts:
             parts.append(f".{item}")
         else:
@@ -69,7 +83,7 @@ def _reason(error: ErrorDetails) -> str:
     if kind == "missing":
         return "required field is missing"
     if kind == "literal_error":
-        return f"must be one of {ctx.get('expected', '?')}, got {error['input']!r}"
+        return f"must be one of {ctx.get('expected', '?')}, got {shown(error['input'])}"
     if kind == "value_error":
         return str(ctx.get("error", error["msg"]))
     return str(error["msg"])
@@ -92,17 +106,20 @@ def _expect_str(parameters: Mapping[str, object], field: str, accepted: Iterable
     if value is None:
         raise ConfigError([Problem(field, f"required field is missing (expected {choices})")])
     if not isinstance(value, str) or value not in accepted:
-        raise ConfigError([Problem(field, f"unsupported value {value!r} (expected {choices})")])
+        raise ConfigError(
+            [Problem(field, f"unsupported value {shown(value)} (expected {choices})")]
+        )
     return value
 
 
-def parse_opaque_config(parameters: Mapping[str, object]) -> v1beta1.DeviceConfig:
+def parse_opaque_config(parameters: object) -> v1beta1.DeviceConfig:
     """Decode ``config[].opaque.parameters`` of this driver; raises :class:`ConfigError`.
 
     The result is as written by the user (not normalized); see :func:`v1beta1.normalized`.
     """
     if not isinstance(parameters, Mapping):
-        raise ConfigError([Problem("", f"parameters must be an object, got {type(parameters)}")])
+        kind = type(parameters).__name__
+        raise ConfigError([Problem("", f"parameters must be an object, got {kind}")])
     _expect_str(parameters, "apiVersion", [v1beta1.API_VERSION])
     kind = _expect_str(parameters, "kind", list(_KINDS))
     try:

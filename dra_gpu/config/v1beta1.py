@@ -23,7 +23,8 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from dra_gpu.config.quantity import Quantity
+from dra_gpu.config.quantity import MemoryLimit
+from dra_gpu.config.shown import shown
 
 GROUP: Final = "resource.nvidia.com"
 VERSION: Final = "v1beta1"
@@ -42,8 +43,9 @@ _DEVICE_KEY_RE: Final = re.compile(r"^(?:[0-9]+|(?:GPU|MIG)-[A-Za-z0-9/-]+)$")
 
 
 def _check_device_key(key: str) -> str:
-    if not _DEVICE_KEY_RE.match(key):
-        raise ValueError(f"{key!r} is neither a device index nor a GPU-/MIG- UUID")
+    # fullmatch: with match, "$" would also accept a trailing newline ("0\n").
+    if not _DEVICE_KEY_RE.fullmatch(key):
+        raise ValueError(f"{shown(key)} is neither a device index nor a GPU-/MIG- UUID")
     return key
 
 
@@ -64,9 +66,9 @@ class MpsConfig(_Strict):
     """Limits the MPS control daemon applies to every client of the shared device."""
 
     defaultActiveThreadPercentage: Annotated[int, Field(ge=0, le=100)] | None = None
-    defaultPinnedDeviceMemoryLimit: Quantity | None = None
+    defaultPinnedDeviceMemoryLimit: MemoryLimit | None = None
     defaultPerDevicePinnedMemoryLimit: Annotated[
-        dict[DeviceKey, Quantity] | None,
+        dict[DeviceKey, MemoryLimit] | None,
         Field(json_schema_extra={"propertyNames": {"pattern": _DEVICE_KEY_RE.pattern}}),
     ] = None
 

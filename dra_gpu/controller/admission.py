@@ -113,6 +113,12 @@ def _response(uid: str, *, problems: list[str], warnings: list[str]) -> JSON:
     return {"apiVersion": REVIEW_API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
+def refusal(admission_review: object, message: str) -> JSON:
+    """A refusal of this review with ``message``, for reviews the webhook could not check."""
+    uid = _field(_field(admission_review, "request"), "uid")
+    return _response(uid if isinstance(uid, str) else "", problems=[message], warnings=[])
+
+
 def review(admission_review: Mapping[str, Any]) -> JSON:
     """The AdmissionReview response for one AdmissionReview request."""
     request = _field(admission_review, "request")

@@ -5,10 +5,16 @@
 keep-alive so the API server reuses its connections. The TLS handshake runs in the connection's
 own thread (``do_handshake_on_connect=False``), so a slow or broken client never blocks the
 accept loop. Every replica serves, leader or not: admission needs no coordination.
+
+Every review gets an answer, never a dropped connection (which the API server reports as
+``failed calling webhook: EOF`` and, under failurePolicy Fail, turns into a refusal with no
+reason): a body nested deeper than :data:`MAX_DEPTH` is refused saying so, and an exception of
+the reviewer is logged at ERROR with its traceback and answered with a refusal naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import logging
@@ -18,12 +24,28 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dra_gpu import DRIVER_NAME
+from dra_gpu.controller import admission, bounded_json
 from dra_gpu.controller.registration import VALIDATE_PATH
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 8 * 1024 * 1024  # AdmissionReviews carry an object and its old version (<= 3 MiB each)
+# Far deeper than any valid review (a template's selectors are 12 levels down, the deepest
+# GpuConfig field 14), far below where Python's json gives up (about 1,000).
+MAX_DEPTH = 64
 Reviewer = Callable[[Mapping[str, Any]], dict[str, Any]]
+
+
+def _describe(review: object) -> str:
+    """``Kind namespace/name (uid)`` of a review, for log lines."""
+    request = review.get("request") if isinstance(review, dict) else None
+    if not isinstance(request, dict):
+        return "a review without a request"
+    kind = request.get("kind")
+    kind_name = kind.get("kind") if isinstance(kind, dict) else None
+    where = "/".join(str(p) for p in (request.get("namespace"), request.get("name")) if p)
+    return f"{kind_name} {where or '?'} (uid {request.get('uid')})"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -58,20 +80,48 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.path.split("?", 1)[0] != VALIDATE_PATH:
             self._reply(404, b"not found", "text/plain")
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
         if not 0 < length <= MAX_BODY:
             self.close_connection = True
-            self._reply(413 if length else 400, b"body missing or too large", "text/plain")
+            self._reply(413 if length > 0 else 400, b"body missing or too large", "text/plain")
             return
         try:
-            review = json.loads(self.rfile.read(length))
-            if not isinstance(review, dict):
+            decoded = bounded_json.loads(self.rfile.read(length).decode(), max_depth=MAX_DEPTH)
+            if not isinstance(decoded.value, dict):
                 raise ValueError("not a JSON object")
-        except ValueError as exc:
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             self._reply(400, f"not an AdmissionReview: {exc}".encode(), "text/plain")
             return
-        answer = self.server.reviewer(review)
+        answer = self._answer(decoded)
         self._reply(200, json.dumps(answer).encode(), "application/json")
+
+    def _answer(self, decoded: bounded_json.Decoded) -> dict[str, Any]:
+        """The reply to a decoded review. Every review gets one: an answer the API server does
+        not get is a failed call, which refuses (failurePolicy Fail) with no reason given."""
+        if decoded.cut:
+            log.warning(
+                "refused %s: nested more than %d levels", _describe(decoded.value), MAX_DEPTH
+            )
+            return admission.refusal(
+                decoded.value,
+                f"the object is nested more than {MAX_DEPTH} levels deep; "
+                "no valid ResourceClaim, ResourceClaimTemplate or DeviceClass is",
+            )
+        try:
+            return self.server.reviewer(decoded.value)
+        except Exception as exc:
+            # A defect of ours, not of the object. Refused: what could not be checked here might
+            # fail prepare later, when it is harder to see why (the same rule as failurePolicy).
+            log.exception("internal error reviewing %s", _describe(decoded.value))
+            return admission.refusal(
+                decoded.value,
+                f"internal error of the {DRIVER_NAME} admission webhook "
+                f"({type(exc).__name__}); the object was not checked, so it is refused; "
+                "the controller's log has the details",
+            )
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -83,6 +133,30 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     reviewer: Reviewer
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def close_open_connections(self) -> None:
+        """End every kept-alive connection: a stopped server must not go on answering on them
+        (the API server then reconnects, through the Service, to a replica that still serves)."""
+        with self._open_lock:
+            open_now = list(self._open)
+        for sock in open_now:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # TLS failures of probing clients are routine; never print tracebacks for them.
@@ -119,4 +193,5 @@ class WebhookServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self._server.close_open_connections()
         self._thread.join(timeout=5)

@@ -131,7 +131,7 @@ class GpuInfo:
     memory_bytes: int
     pci_bus_id: str  # "0000:00:06.0", sysfs form (4-digit domain, lower case)
     pcie_root: str | None  # "pci0000:00"; None when sysfs could not tell
-    addressing_mode: str | None  # "HMM" / "ATS"; None when NVML reports none
+    addressing_mode: str | None  # "None" / "HMM" / "ATS"; None when NVML cannot tell
     mig_enabled: bool
     mig_devices: tuple[MigDeviceInfo, ...] = ()
     mig_capable: bool = False

@@ -10,7 +10,9 @@ Compatibility contract (claims written for NVIDIA's driver must select our devic
 * a GPU with MIG enabled is published only through its MIG devices: its whole-GPU form cannot be
   handed to a container while MIG is on.
 * versions become semver (``580.159.04`` -> ``580.159.4``, ``9.0`` -> ``9.0.0``).
-* ``addressingMode`` and ``pcieRoot`` are left out when unknown rather than published empty.
+* ``addressingMode`` is NVML's mode as NVIDIA names it (``None``, ``HMM``, ``ATS``) and is left
+  out only where NVML cannot answer (NOT_SUPPORTED); ``pcieRoot`` is left out when unknown rather
+  than published empty.
 """
 
 from __future__ import annotations

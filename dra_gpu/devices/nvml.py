@@ -78,8 +78,10 @@ ARCHITECTURE_NAMES: Mapping[int, str] = {
     0xFFFFFFFF: "Unknown",
 }
 
-# NVML_DEVICE_ADDRESSING_MODE_*; NONE (0) means "no mode to report".
-ADDRESSING_MODE_NAMES: Mapping[int, str] = {1: "HMM", 2: "ATS"}
+# NVML_DEVICE_ADDRESSING_MODE_*, named as NVIDIA's driver publishes them: NONE (0) is a mode
+# like the others ("None", what the real H200 reports); only a GPU that cannot answer the query
+# (NOT_SUPPORTED) goes without the attribute.
+ADDRESSING_MODE_NAMES: Mapping[int, str] = {0: "None", 1: "HMM", 2: "ATS"}
 
 
 class GpuReadError(Exception):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -42,7 +42,10 @@ class GpuEntry(_Strict):
     pcie_root: str | None = Field(default=None, alias="pcieRoot")
     product_name: str | None = Field(default=None, alias="productName", min_length=1, max_length=64)
     memory_bytes: int | None = Field(default=None, alias="memoryBytes", gt=0)
-    addressing_mode: str | None = Field(default=None, alias="addressingMode")
+    # null: a GPU whose NVML cannot report the mode (the attribute is left out)
+    addressing_mode: Literal["None", "HMM", "ATS"] | None = Field(
+        default="None", alias="addressingMode"
+    )
     mig: MigEntry = Field(default_factory=MigEntry)
 
     @model_validator(mode="after")

@@ -89,7 +89,7 @@ class SimGpu:
     pcie_root: str | None
     mig_enabled: bool = False
     mig_devices: tuple[SimMig, ...] = ()
-    addressing_mode: str | None = None
+    addressing_mode: str | None = "None"  # what NVML reports on the fixture's H200
     product_name: str | None = None  # overrides the product's
     memory_bytes: int | None = None  # overrides the product's
 

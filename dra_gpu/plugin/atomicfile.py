@@ -3,7 +3,8 @@
 ``write_atomic`` writes a temp file next to the target and renames it over the target; rename
 is atomic on POSIX file systems, so a reader (or a process killed mid-write) never observes a
 partial file. The temp name starts with a dot and ends in ``.tmp-<pid>``, so a CDI runtime
-watching the directory (it loads only ``*.json``/``*.yaml``) ignores it.
+watching the directory (it loads only ``*.json``/``*.yaml``) ignores it; a writer killed before
+the rename leaves it behind, and ``remove_temp_files`` sweeps such leftovers at start-up.
 
 ``durable=True`` also survives a power loss: the data is fsynced before the rename and the
 directory after it. Callers skip that only for files that are rebuilt after a reboot anyway
@@ -34,6 +35,21 @@ def fsync_dir(directory: Path) -> None:
 
 def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def remove_temp_files(directory: Path, name: str) -> int:
+    """Remove temp files that writers of targets matching the glob ``name`` left behind when
+    killed between write and rename; returns how many.
+
+    Safe only while the caller holds the lock every writer of those targets holds: the PID in
+    the name tells nothing about a live writer, since instances in different pods have their own
+    PID namespaces (both may well be PID 1).
+    """
+    count = 0
+    if directory.is_dir():
+        for path in directory.glob(f".{name}.tmp-*"):
+            count += remove(path)
+    return count
 
 
 def write_atomic(path: Path, data: bytes, *, durable: bool, mode: int = 0o644) -> None:

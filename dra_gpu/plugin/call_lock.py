@@ -6,7 +6,8 @@ which both instances share, serializes those calls (:func:`held`, i.e.
 :func:`dra_gpu.plugin.atomicfile.locked`, which also serializes threads of one process).
 
 The lock is applied by a server interceptor to every method of the DRA services, so the DRA
-adapter itself needs no knowledge of it.
+adapter itself needs no knowledge of it. Start-up recovery holds it too (``node_plugin``): a new
+instance must not mistake the other instance's call in progress for a crash's leftovers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 import grpc
 
 from dra_gpu.plugin.atomicfile import locked as held
+
+__all__ = ["DRA_SERVICE_PREFIX", "SerializeDraCalls", "held"]
 
 DRA_SERVICE_PREFIX = "/k8s.io.kubelet.pkg.apis.dra."
 

@@ -257,10 +257,9 @@ def list_specs(cdi_root: Path) -> dict[ClaimUID, Path]:
 
 
 def remove_temp_files(cdi_root: Path) -> int:
-    """Remove temp files a crash left behind mid-write; returns how many."""
-    count = 0
-    if cdi_root.is_dir():
-        for path in cdi_root.glob(f".{_FILE_PREFIX}*.tmp-*"):
-            path.unlink(missing_ok=True)
-            count += 1
-    return count
+    """Remove temp files a crash left behind mid-write; returns how many.
+
+    Only while no spec write can be in progress: the plugin calls it from start-up recovery,
+    which holds the node-wide call lock.
+    """
+    return atomicfile.remove_temp_files(cdi_root, f"{_FILE_PREFIX}*{_FILE_SUFFIX}")

@@ -16,19 +16,27 @@ Format versions and the rules for upgrading and downgrading
   loses nothing; a record an older plugin rewrites simply lacks the newer fields.
 - There is no checksum: a checksum over exact bytes broke every upgrade of NVIDIA's driver.
   A file that is not JSON or not this schema is *corrupt*: it is renamed to
-  ``checkpoint.json.corrupt-<UTC timestamp>``, never overwritten, and :class:`CheckpointCorrupt`
-  is raised naming both paths so the caller can report it (log and Node event).
+  ``checkpoint.json.corrupt-<UTC timestamp>``, never overwritten, and what can be saved is
+  written in its place: every claim record that is valid on its own (:func:`salvage`: one bad
+  field drops that record, not the file), completed by the store's ``rebuild`` (the plugin adds
+  records rebuilt from its CDI specs). Then :class:`CheckpointCorrupt` is raised naming both
+  paths so the caller can report it (log and Node event). If the salvage cannot be written
+  (a full disk), the corrupt file is put back, so nothing is lost and the next read tries again.
 
 History: version 1 had no boot ID and no per-device facts (uuid, minor, config...); such
 records still answer repeated prepares and unprepare, but their CDI spec cannot be rebuilt.
-Version 2 (current) added ``compatible_version``, ``boot_id``, device facts, ``share_id`` and
-``admin_access``.
+Version 2 added ``compatible_version``, ``boot_id``, device facts, ``share_id`` and
+``admin_access``. Version 3 (current) added ``from_spec``: a record rebuilt from a CDI spec after
+the checkpoint lost it, which lacks request names, share IDs and config (an older plugin reads it
+as a plain completed record).
 
 Concurrency: :class:`CheckpointStore` applies mutations as a group commit. Threads queue pure
 mutation functions; one of them, holding an ``flock`` on ``checkpoint.lock`` (shared with another
 plugin instance during a rolling update), re-reads the file if someone else changed it, applies
 every queued mutation in order, writes once (fsynced when any mutation asked for durability)
-and wakes the others. A mutation that raises fails alone and changes nothing.
+and wakes the others. A mutation that raises fails alone and changes nothing. Every write of the
+file holds that lock, so :meth:`CheckpointStore.remove_temp_files` holding it removes only
+temp files of writers that died.
 """
 
 from __future__ import annotations
@@ -49,8 +57,8 @@ from pydantic import BaseModel, ConfigDict
 
 from dra_gpu.plugin import atomicfile
 
-SCHEMA_VERSION: Final = 2
-COMPATIBLE_VERSION: Final = 1  # version 2 only added fields: a version-1 reader can use it
+SCHEMA_VERSION: Final = 3
+COMPATIBLE_VERSION: Final = 1  # versions 2 and 3 only added fields: a version-1 reader can use it
 FILE_NAME: Final = "checkpoint.json"
 LOCK_NAME: Final = "checkpoint.lock"
 TOKEN_BYTES: Final = 32
@@ -108,6 +116,9 @@ class ClaimRecord(_Record):
     namespace: str
     name: str
     devices: tuple[DeviceRecord, ...] = ()
+    # Rebuilt from the claim's CDI spec after the checkpoint lost the record (version 3): its
+    # devices are known, its request names, share IDs and config are not.
+    from_spec: bool = False
 
 
 class Checkpoint(_Record):
@@ -154,12 +165,42 @@ def decode(data: bytes) -> Checkpoint:
     return Checkpoint.model_validate(raw)
 
 
+def salvage(data: bytes) -> tuple[Checkpoint, tuple[str, ...]]:
+    """What a corrupt file still holds: its boot ID and each claim record valid on its own;
+    plus one line per part dropped."""
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        return Checkpoint(), (f"not JSON: {exc}",)
+    if not isinstance(raw, dict):
+        return Checkpoint(), (f"top level is a {type(raw).__name__}, not an object",)
+    boot_id = raw.get("boot_id")
+    claims = raw.get("claims")
+    if not isinstance(claims, dict):
+        return Checkpoint(boot_id=boot_id if isinstance(boot_id, str) else ""), (
+            "no claims object",
+        )
+    kept: dict[str, ClaimRecord] = {}
+    dropped: list[str] = []
+    for uid, record in claims.items():
+        try:
+            kept[uid] = ClaimRecord.model_validate(record)
+        except pydantic.ValidationError as exc:
+            dropped.append(f"claim {uid}: {_first_error(exc)}")
+    checkpoint = Checkpoint(boot_id=boot_id if isinstance(boot_id, str) else "", claims=kept)
+    return checkpoint, tuple(dropped)
+
+
 class _TooNew(Exception):
     def __init__(self, compatible_version: int) -> None:
         self.compatible_version = compatible_version
 
 
 Mutation = Callable[[Checkpoint], Checkpoint]
+
+
+def _unchanged(checkpoint: Checkpoint) -> Checkpoint:
+    return checkpoint
 
 
 @dataclass
@@ -179,10 +220,14 @@ class _Cache:
 
 @dataclass
 class CheckpointStore:
-    """Loads, caches and group-commits the checkpoint in ``state_dir``."""
+    """Loads, caches and group-commits the checkpoint in ``state_dir``.
+
+    ``rebuild`` completes what was salvaged from a corrupt file (runs under the file lock).
+    """
 
     state_dir: Path
     clock: Callable[[], float] = time.time
+    rebuild: Mutation = _unchanged
     _cond: threading.Condition = field(default_factory=threading.Condition, init=False)
     _queue: list[_Pending] = field(default_factory=list, init=False)
     _leader: bool = field(default=False, init=False)
@@ -231,17 +276,48 @@ class CheckpointStore:
         if stamp[1] is None:
             checkpoint = Checkpoint()
         else:
+            data = self.path.read_bytes()
             try:
-                checkpoint = decode(self.path.read_bytes())
+                checkpoint = decode(data)
             except _TooNew as exc:
                 raise CheckpointTooNew(self.path, exc.compatible_version) from None
             except (ValueError, pydantic.ValidationError) as exc:
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 if isinstance(exc, pydantic.ValidationError):
                     reason = f"{exc.error_count()} schema error(s), first: {_first_error(exc)}"
-                raise CheckpointCorrupt(self.path, self._move_aside(), reason) from exc
+                moved_to, saved = self._replace_corrupt(lock_fd, data)
+                raise CheckpointCorrupt(self.path, moved_to, f"{reason}; {saved}") from exc
         self._cache = _Cache(checkpoint, stamp)
         return checkpoint
+
+    def _replace_corrupt(self, lock_fd: int, data: bytes) -> tuple[Path, str]:
+        """Move the corrupt file aside and write what can be saved in its place; needs the lock.
+
+        Returns where the file went and what was saved. Raises OSError (the corrupt file back in
+        place) when the salvage cannot be written.
+        """
+        salvaged, dropped = salvage(data)
+        checkpoint = self.rebuild(salvaged)
+        moved_to = self._move_aside()
+        try:
+            self._write(lock_fd, checkpoint, durable=True)
+        except OSError:
+            os.replace(moved_to, self.path)
+            raise
+        kept = len(salvaged.claims)
+        saved = f"kept {kept} claim record(s), rebuilt {len(checkpoint.claims) - kept}"
+        return moved_to, saved + (f", dropped: {'; '.join(dropped)}" if dropped else "")
+
+    def _write(self, lock_fd: int, checkpoint: Checkpoint, *, durable: bool) -> None:
+        # Token before file: a crash in between only makes readers re-read.
+        os.pwrite(lock_fd, uuid.uuid4().hex.encode()[:TOKEN_BYTES], 0)
+        atomicfile.write_atomic(self.path, encode(checkpoint), durable=durable)
+        self._cache = _Cache(checkpoint, self._stamp(lock_fd))
+
+    def remove_temp_files(self) -> int:
+        """Remove temp files of writers killed mid-write (see the module docstring)."""
+        with self._file_lock():
+            return atomicfile.remove_temp_files(self.state_dir, FILE_NAME)
 
     def load(self) -> Checkpoint:
         """The current checkpoint; raises CheckpointCorrupt (after moving the file aside)."""
@@ -289,11 +365,7 @@ class CheckpointStore:
                         item.result = checkpoint
                         applied.append(item)
                 if applied:
-                    durable = any(item.durable for item in applied)
-                    # Token before file: a crash in between only makes readers re-read.
-                    os.pwrite(fd, uuid.uuid4().hex.encode()[:TOKEN_BYTES], 0)
-                    atomicfile.write_atomic(self.path, encode(checkpoint), durable=durable)
-                    self._cache = _Cache(checkpoint, self._stamp(fd))
+                    self._write(fd, checkpoint, durable=any(item.durable for item in applied))
         except BaseException as exc:
             for item in batch:
                 if item.error is None:

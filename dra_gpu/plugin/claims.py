@@ -16,6 +16,7 @@ from urllib.parse import quote
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient
 from dra_gpu.plugin import events
+from dra_gpu.plugin.plan import PlanError
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,13 @@ class KubeClaimFetcher:
             return self._client.request("GET", path)
         except errors.NotFound:
             return None
+        except RecursionError as err:
+            # Python's JSON decoder stops at about 1,000 levels, the API server at 10,000: only
+            # a claim's opaque parameters can nest that deep. The user's to fix, not a bug here.
+            raise PlanError(
+                f"claim {namespace}/{name} cannot be read: it is nested too deeply (more than "
+                "about 1000 levels; look at its config[].opaque.parameters)"
+            ) from err
 
 
 class NodeEventReporter:

@@ -10,8 +10,10 @@ Design:
   is closed at shutdown. Waits are short so a vanished client frees its thread soon.
 - Devices start HEALTHY when discovery reports them. A device that re-discovery (see
   ``inventory.Watcher``) no longer finds turns UNHEALTHY and stays listed, while a prepared
-  claim holds it, until it is found again. There is no finer fault source yet (XID events
-  would feed ``HealthFeed.set``).
+  claim holds it, until it is found again.
+- A device of a GPU with a fault (an XID or ECC event that taints it, see ``device_taints``)
+  is UNHEALTHY with the fault as its message, until the GPU recovers or is cleared
+  (``HealthFeed.set_faults``). Being gone wins over a fault: it says more.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class HealthFeed:
         self._devices: dict[str, DeviceState] = {}
         self._version = 0
         self._closed = False
+        self._faults: dict[str, str] = {}  # device name -> why it is faulty
 
     def set_devices(self, names: Sequence[str], *, in_use: Collection[str] | None = None) -> None:
         """The discovered devices changed: new ones start HEALTHY, known ones keep their state.
@@ -79,7 +82,7 @@ class HealthFeed:
             for name in names:
                 state = old.get(name)
                 if state is None or state.message == GONE:
-                    state = DeviceState(HEALTHY, now)
+                    state = self._fault_state(name, now)
                 fresh[name] = state
             gone = {
                 name: state if state.message == GONE else DeviceState(UNHEALTHY, now, GONE)
@@ -88,6 +91,32 @@ class HealthFeed:
             }
             self._devices = {**fresh, **gone}
             self._bump()
+
+    def _fault_state(self, name: str, now: int) -> DeviceState:
+        fault = self._faults.get(name)
+        return DeviceState(HEALTHY, now) if fault is None else DeviceState(UNHEALTHY, now, fault)
+
+    def set_faults(self, messages: Mapping[str, str]) -> None:
+        """Devices of faulty GPUs (name -> why) turn UNHEALTHY; those no longer faulty HEALTHY.
+
+        A gone device stays as it is (it turns healthy or faulty when it is found again).
+        """
+        now = int(self._clock())
+        with self._cond:
+            messages = {name: text[:1024] for name, text in messages.items()}
+            changed = False
+            for name, state in self._devices.items():
+                if state.message == GONE:
+                    continue
+                was = self._faults.get(name)
+                if messages.get(name) != was:
+                    self._devices[name] = DeviceState(
+                        UNHEALTHY if name in messages else HEALTHY, now, messages.get(name, "")
+                    )
+                    changed = True
+            self._faults = messages
+            if changed:
+                self._bump()
 
     def set(self, name: str, *, health: str, message: str = "") -> None:
         with self._cond:

@@ -87,12 +87,14 @@ def run(args: argparse.Namespace) -> int:
 
 def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     from dra_gpu import metrics
+    from dra_gpu.devices import health_rules
     from dra_gpu.kube import errors
     from dra_gpu.kube.client import connect
     from dra_gpu.plugin import (
         checkpoint,
         dra_service,
         events,
+        health_monitor,
         inventory,
         node_plugin,
         slice_api,
@@ -101,6 +103,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
 
     measured = metrics.PluginMetrics() if settings.metrics_address is not None else None
     try:
+        rules = health_rules.load_rules(settings.health_config)
         backend = inventory.backend_for(
             simulate=settings.simulate,
             node_name=settings.node_name,
@@ -110,7 +113,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         devices, discovery_errors = inventory.discover_with_errors(backend)
         inventory.log_errors(discovery_errors)
         client = connect(settings.kubeconfig)
-    except (inventory.InventoryError, errors.ApiError) as err:
+    except (inventory.InventoryError, errors.ApiError, health_rules.HealthConfigError) as err:
         log.error("cannot start: %s", err)
         return 1
     store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
@@ -129,14 +132,25 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         register_dra=dra_service.registrar(state, handler),
     )
 
+    try:
+        published = store.list_slices()
+    except errors.ApiError as err:
+        log.warning(
+            "cannot read the published slices; taints from before a restart are lost: %s", err
+        )
+        published = []
+    monitor = health_monitor.for_plugin(
+        settings, rules=rules, devices=devices, plugin=plugin, published=published
+    )
+
     def set_devices(new: Sequence[Device]) -> None:
         nonlocal current
         current = {d.name: d for d in new}
-        plugin.set_devices(new, in_use=state.prepared_devices())
+        monitor.set_devices(new, in_use=state.prepared_devices())
         if measured is not None:
             measured.rediscovery_changes.inc()
 
-    def published() -> list[tuple[str, str]]:
+    def published_devices() -> list[tuple[str, str]]:
         health = plugin.health.snapshot().devices
         return [
             (str(d.type), health[d.name].health if d.name in health else "UNKNOWN")
@@ -145,7 +159,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
 
     stop_metrics = None
     if measured is not None and settings.metrics_address is not None:
-        measured.watch_state(prepared=lambda: _prepared_counts(state), published=published)
+        measured.watch_state(prepared=lambda: _prepared_counts(state), published=published_devices)
         try:
             stop_metrics = metrics.serve(settings.metrics_address, measured.registry)
         except OSError as err:
@@ -172,6 +186,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         )
         if watcher is not None:
             watcher.start(plugin.stop_event)
+        monitor.start(plugin.stop_event)
         while not stop.wait(0.5):
             pass
     except (sockets.SocketError, OSError) as err:

@@ -2,8 +2,9 @@
 
 Start order (each step needs the one before):
 1. Publisher (its API round trips overlap with the rest of start-up).
-2. DRA server on the DRA socket: DRAPlugin v1 + v1beta1 (calls serialized by the node-wide
-   file lock), DRAResourceHealth v1 + v1alpha1, grpc.health.v1.
+2. DRA server on the DRA socket: restore the prepare state (under the node-wide file lock that
+   also serializes rolling-update instances' DRA calls), then DRAPlugin v1 + v1beta1,
+   DRAResourceHealth v1 + v1alpha1, grpc.health.v1.
 3. Registration server on the registry socket. It must come last: the kubelet connects to the
    DRA endpoint as soon as registration succeeds.
 4. HTTP /healthz, when a port is configured.
@@ -23,7 +24,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,14 @@ DraRegistrar = Callable[[grpc.Server], None]
 DRA_GRACE_S = 10.0
 
 
-def renderer(settings: Settings, devices: Sequence[Device]) -> publisher.Renderer:
+def renderer(
+    settings: Settings,
+    devices: Sequence[Device],
+    taints: Mapping[str, Sequence[publisher.JSON]] | None = None,
+) -> publisher.Renderer:
+    """``taints``: device name -> its taints (``device_taints.device_taints``)."""
     frozen = tuple(devices)
+    frozen_taints = dict(taints or {})
 
     def render(node_uid: str) -> list[publisher.JSON]:
         return slices.build_resource_slices(
@@ -61,6 +68,7 @@ def renderer(settings: Settings, devices: Sequence[Device]) -> publisher.Rendere
             node_name=settings.node_name,
             pool_generation=0,
             node_owner=(settings.node_name, node_uid),
+            taints=frozen_taints,
         )
 
     return render
@@ -115,13 +123,23 @@ class NodePlugin:
         path = socket_paths(dataclasses.replace(self._settings, pod_uid=other.name)).registration
         return sockets.accepts(path)
 
-    def set_devices(self, devices: Sequence[Device], *, in_use: Collection[str] | None) -> None:
-        """A new inventory: publish it and report its devices' health.
+    def set_devices(
+        self,
+        devices: Sequence[Device],
+        *,
+        in_use: Collection[str] | None,
+        taints: Mapping[str, Sequence[publisher.JSON]] | None = None,
+        faults: Mapping[str, str] | None = None,
+    ) -> None:
+        """A new inventory, or new faults: publish the slices and report the devices' health.
 
         ``in_use``: devices in prepared claims, which stay listed (UNHEALTHY) if they are gone;
-        None when that is unknown, so every device that is gone stays listed.
+        None when that is unknown, so every device that is gone stays listed. ``taints``:
+        device name -> its taints; ``faults``: device name -> why it is unhealthy (both from
+        ``health_monitor``, which calls this whenever either changes).
         """
-        self.publisher.set_inventory(renderer(self._settings, devices))
+        self.publisher.set_inventory(renderer(self._settings, devices, taints))
+        self.health.set_faults(faults or {})
         self.health.set_devices([d.name for d in devices], in_use=in_use)
 
     def problem(self) -> str | None:
@@ -163,7 +181,12 @@ class NodePlugin:
             futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"),
             interceptors=interceptors,
         )
-        self._register_dra(server)
+        # Start-up recovery (run by register_dra) rolls back PrepareStarted records and sweeps
+        # temp files: in a rolling update, the other instance's call in progress looks exactly
+        # like a crash's leftovers. Recovery therefore takes its turn in the same node-wide
+        # order as every DRA call, so it only ever sees what a finished call left.
+        with call_lock.held(self._paths.lock):
+            self._register_dra(server)
         device_health.add_to_server(server, self.health)
         server.add_generic_rpc_handlers((grpc_health.handler(lambda: self.problem() is None),))
         self._serve(server, self._paths.dra)

@@ -11,11 +11,15 @@ pool; every allocated device exists here.
 
 Configuration: ``status.allocation.devices.config`` holds the DeviceClass configs
 (``source: FromClass``) and the claim's own (``FromClaim``). Configs of other drivers are
-skipped. For each device, the configs whose ``requests`` are empty or name the device's request
-apply, class configs first, each in listed order; the last one wins. Every applicable config
-is parsed strictly (the admission webhook uses the same parser) and must fit the device type
-(``GpuConfig`` for a full GPU, ``MigDeviceConfig`` for a MIG device). No config: the type's
-default. The winner is normalized.
+skipped. Every config of this driver is parsed strictly, whether or not it applies to a device
+here, exactly as the admission webhook does (same parser), so the two never disagree. For each
+device, the configs whose ``requests`` are empty or name the device's request apply, class
+configs first, each in listed order; the last one wins (NVIDIA's rule, exactly). A config that
+names no requests applies to the whole claim, so on a device of the other type
+(``GpuConfig`` for a full GPU, ``MigDeviceConfig`` for a MIG device) it is passed over: a claim
+holding a full GPU and a MIG device may carry one claim-wide ``GpuConfig``, and the MIG device
+gets its default. The winning config must fit the device type when it names the device's
+request; otherwise it is an error. No config: the type's default. The winner is normalized.
 """
 
 from __future__ import annotations
@@ -74,10 +78,10 @@ class ClaimPlan:
 
 @dataclass(frozen=True)
 class _Config:
-    index: int
+    where: str  # "config[2] (FromClaim)", for messages
     source: str
     requests: tuple[str, ...]
-    parameters: Mapping[str, Any]
+    config: DeviceConfig
 
 
 def _base_request(request: str) -> str:
@@ -117,19 +121,25 @@ def _our_results(
     return ours
 
 
-def _our_configs(allocation: Mapping[str, Any], *, driver: str) -> list[_Config]:
+def _our_configs(ref: ClaimRef, allocation: Mapping[str, Any], *, driver: str) -> list[_Config]:
     raw = (allocation.get("devices") or {}).get("config") or ()
     configs = []
     for index, entry in enumerate(raw):
         opaque = entry.get("opaque") or {}
         if opaque.get("driver") != driver:
             continue
+        source = str(entry.get("source", ""))
+        where = f"config[{index}] ({source or 'unknown source'})"
+        try:
+            parsed = parse_opaque_config(opaque.get("parameters"))
+        except ConfigError as exc:
+            raise PlanError(f"claim {ref}: {where}: {exc}") from exc
         configs.append(
             _Config(
-                index=index,
-                source=str(entry.get("source", "")),
+                where=where,
+                source=source,
                 requests=tuple(entry.get("requests") or ()),
-                parameters=opaque.get("parameters") or {},
+                config=parsed,
             )
         )
     # Class configs first, then the claim's; sorted() is stable, so listed order holds within.
@@ -148,26 +158,23 @@ def resolve_config(
     ref: ClaimRef, configs: Sequence[_Config], *, request: str, device: Device
 ) -> DeviceConfig:
     """The normalized config for one device; raises PlanError."""
-    chosen: DeviceConfig | None = None
     wanted = GpuConfig if device.type == "gpu" else MigDeviceConfig
-    for config in configs:
+    # The last applicable config wins, so look from the end, as NVIDIA's driver does.
+    for config in reversed(configs):
         if not _applies(config, request):
             continue
-        where = f"claim {ref}: config[{config.index}] ({config.source or 'unknown source'})"
-        try:
-            parsed = parse_opaque_config(config.parameters)
-        except ConfigError as exc:
-            raise PlanError(f"{where}: {exc}") from exc
-        if not isinstance(parsed, wanted):
-            raise PlanError(
-                f"{where}: a {parsed.kind} cannot configure {device.name}, which is "
-                f"a {'full GPU' if device.type == 'gpu' else 'MIG device'} "
-                f"(use {wanted.__name__})"
-            )
-        chosen = parsed
-    if chosen is None:
-        chosen = default_gpu_config() if device.type == "gpu" else default_mig_device_config()
-    return normalized(chosen)
+        if isinstance(config.config, wanted):
+            return normalized(config.config)
+        if not config.requests:
+            continue  # claim-wide: meant for the claim's devices of the other type
+        raise PlanError(
+            f"claim {ref}: {config.where}: a {config.config.kind} cannot configure "
+            f"{device.name}, which is "
+            f"a {'full GPU' if device.type == 'gpu' else 'MIG device'} "
+            f"(use {wanted.__name__}, or name only requests for "
+            f"{'MIG devices' if wanted is GpuConfig else 'full GPUs'} in this config)"
+        )
+    return normalized(default_gpu_config() if device.type == "gpu" else default_mig_device_config())
 
 
 def _claim_device(ref: ClaimRef, device: Device, config: DeviceConfig) -> ClaimDevice:
@@ -198,7 +205,7 @@ def plan_claim(
     """What to prepare for ``claim`` on this node; raises PlanError naming the problem."""
     allocation = _check_identity(ref, claim)
     results = _our_results(ref, allocation, driver=driver, pool=pool)
-    configs = _our_configs(allocation, driver=driver)
+    configs = _our_configs(ref, allocation, driver=driver)
     by_device: dict[str, PlannedDevice] = {}
     for result in results:
         name = str(result.get("device"))

@@ -51,6 +51,7 @@ ENV_VARS: Mapping[str, str] = {
     "healthz_address": "HEALTHZ_ADDRESS",
     "log_level": "LOG_LEVEL",
     "rediscover_interval": "REDISCOVER_INTERVAL",
+    "health_config": "HEALTH_CONFIG",
     "metrics_address": "METRICS_ADDRESS",
 }
 
@@ -86,6 +87,8 @@ class Settings:
     log_level: str
     # Seconds between NVML re-discoveries; None: discover at start only.
     rediscover_interval_s: float | None = DEFAULT_REDISCOVER_INTERVAL_S
+    # XID/ECC classification overrides and the quiet period (health_rules); None: defaults.
+    health_config: Path | None = None
     # Where /metrics is served; None: not served.
     metrics_address: tuple[str, int] | None = None
 
@@ -158,6 +161,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
     )
     add(
+        "--health-config",
+        "health_config",
+        "YAML/JSON file: which XID and ECC events taint a GPU (Ignore, NoSchedule, NoExecute) "
+        "and the quiet period before a tainted GPU is cleared (default: built-in table, 300 s)",
+        metavar="FILE",
+    )
+    add(
         "--metrics-address",
         "metrics_address",
         "serve Prometheus /metrics at HOST:PORT (default empty: off)",
@@ -178,6 +188,10 @@ def _absolute(raw: str | None, default: Path, what: str) -> Path:
     if not path.is_absolute():
         raise SettingsError(f"{what} must be an absolute path, got {str(path)!r}")
     return path
+
+
+def _optional_path(raw: str | None) -> Path | None:
+    return Path(raw).absolute() if raw else None
 
 
 def _port(raw: str | None) -> int | None:
@@ -254,6 +268,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         healthz_address=pick("healthz_address") or DEFAULT_HEALTHZ_ADDRESS,
         log_level=log_level,
         rediscover_interval_s=_interval(pick("rediscover_interval")),
+        health_config=_optional_path(pick("health_config")),
         metrics_address=_metrics_address(pick("metrics_address")),
     )
     for path in dataclasses.astuple(socket_paths(settings)):

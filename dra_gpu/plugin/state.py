@@ -11,14 +11,24 @@ Prepare, per claim (claims of one call are independent: each gets its own result
 
 Unprepare: remove the CDI spec, then drop the record durably. An unknown claim is success.
 
-Crash safety follows from that order, checked on :meth:`DeviceState.start`:
+Crash safety follows from that order, checked on :meth:`DeviceState.start` (which the process
+runs before serving, under the node-wide call lock, so in a rolling update the other instance's
+call in progress is never mistaken for a crash's leftovers):
 a ``PrepareStarted`` record is a prepare the kubelet never got an answer for, so it is rolled
 back (spec removed, record dropped) and the kubelet's retry starts over; a completed claim whose
 spec is missing (or any completed claim after a reboot, i.e. a new boot ID, since /var/run is
-gone) gets its spec rebuilt from the record; a spec file of ours without a record is garbage of an
-interrupted prepare or unprepare and is removed, except after a corrupt checkpoint, when nothing
-is known and nothing is deleted. A corrupt checkpoint is reported (log and the injected
-``report``, which the process main turns into a Node event) and the plugin keeps serving.
+gone) gets its spec rebuilt from the record; temp files of killed writers are removed.
+
+A spec is removed only by its claim's unprepare or roll-back, never for lack of a record: a
+spec of ours without one (the checkpoint was corrupt, or lost a record) is *adopted*, its record
+rebuilt from the spec (``records.record_from_spec``), so the claim stays prepared, the conflict
+check sees its devices and unprepare removes it; a repeated prepare of such a claim plans it
+again and records the full facts. A corrupt checkpoint is salvaged record by record and
+completed the same way (the store's ``rebuild``, also when found while serving), reported (log
+and the injected ``report``, which the process main turns into a Node event), and the plugin
+keeps serving. So does it when the state disk is full: start-up reports that it cannot write
+the checkpoint, claims already prepared are answered, other calls fail naming the error until
+there is space.
 
 Concurrency: calls run on gRPC worker threads. The same claim is serialized by a per-claim lock;
 different claims run in parallel; the checkpoint's group commit makes the check for conflicting
@@ -30,6 +40,7 @@ Fault injection for crash tests is a collaborator: ``fault(step)`` is called aft
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -110,7 +121,8 @@ class PrepareResult:
 class StartReport:
     rewritten: tuple[ClaimUID, ...] = ()
     rolled_back: tuple[ClaimUID, ...] = ()
-    orphans_removed: tuple[ClaimUID, ...] = ()
+    adopted: tuple[ClaimUID, ...] = ()
+    temp_files_removed: int = 0
     problems: tuple[str, ...] = ()
     corrupt: str | None = None
 
@@ -159,7 +171,7 @@ class DeviceState:
         self._fault = fault
         self._report = report
         self._boot_id = boot_id
-        self.store = store or CheckpointStore(settings.state_dir)
+        self.store = store or CheckpointStore(settings.state_dir, rebuild=self._adopt_specs)
         self._locks = _KeyedLocks()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="prepare")
         self._real_base: cdi.RealNode | None = None
@@ -183,14 +195,16 @@ class DeviceState:
             with self._locks.hold(ref.uid):
                 return PrepareResult(devices=self._prepare_locked(ref))
         except (PlanError, cdi.CDIError, ConfigError) as exc:
-            log.info("prepare %s (%s) failed: %s", ref, ref.uid, exc)
+            # Someone must act (fix the claim, the node): the pod waits until then. A warning,
+            # without a traceback: the message says all there is to say.
+            log.warning("prepare %s (%s) failed: %s", ref, ref.uid, exc)
             return PrepareResult(error=str(exc), kind=type(exc).__name__)
         except Exception as exc:
             return PrepareResult(error=self._unexpected("prepare", ref, exc), kind="Unexpected")
 
     def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         record = self.store.load().claims.get(ref.uid)
-        if record is not None and record.state == PREPARE_COMPLETED:
+        if record is not None and record.state == PREPARE_COMPLETED and not record.from_spec:
             if not cdi.spec_path(self.settings.cdi_root, ref.uid).exists():
                 # Someone removed it since: the answer is only useful with the spec in place.
                 _, problems = self._restore_specs({ref.uid: record})
@@ -211,7 +225,17 @@ class DeviceState:
         spec = cdi.build_spec(
             claim_uid=ref.uid, claim_ref=str(ref), devices=devices, node=self._node(devices)
         )
-        self.store.update(self._record_started(plan), durable=False)
+        if record is not None and record.from_spec:
+            # Prepared before the checkpoint lost the record: the claim stays prepared whatever
+            # happens here, so no roll-back. Full facts first, then the spec is replaced
+            # atomically (on failure the old one, naming the same devices, stays).
+            completed = records.claim_record(plan, state=PREPARE_COMPLETED)
+            self.store.update(self._recorded(plan, completed), durable=True)
+            cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
+            log.info("prepared %s (%s) again, record rebuilt from its spec completed", ref, ref.uid)
+            return records.prepared_devices(completed)
+        started = records.claim_record(plan, state=PREPARE_STARTED)
+        self.store.update(self._recorded(plan, started), durable=False)
         self._fault("after-checkpoint-started")
         try:
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
@@ -225,7 +249,8 @@ class DeviceState:
         log.info("prepared %s (%s): %s", ref, ref.uid, ", ".join(d.cdi.name for d in plan.devices))
         return records.prepared_devices(completed)
 
-    def _record_started(self, plan: ClaimPlan) -> Callable[[Checkpoint], Checkpoint]:
+    def _recorded(self, plan: ClaimPlan, record: ClaimRecord) -> Callable[[Checkpoint], Checkpoint]:
+        """Records ``record`` for the planned claim unless another claim holds its devices."""
         uid = plan.ref.uid
 
         def mutate(checkpoint: Checkpoint) -> Checkpoint:
@@ -236,7 +261,7 @@ class DeviceState:
                     why = records.conflicts(planned, other_uid=other_uid, other=other)
                     if why is not None:
                         raise PlanError(f"claim {plan.ref}: {why}")
-            return checkpoint.with_claim(uid, records.claim_record(plan, state=PREPARE_STARTED))
+            return checkpoint.with_claim(uid, record)
 
         return mutate
 
@@ -305,47 +330,107 @@ class DeviceState:
     # --- start --------------------------------------------------------------------------------
 
     def start(self) -> StartReport:
-        """Restore after a restart or reboot (see the module docstring); never raises on state."""
+        """Restore after a restart or reboot (see the module docstring); never raises on state.
+
+        The caller holds the node-wide call lock (a rolling update's other instance must not be
+        in a call meanwhile). Raises CheckpointTooNew (a downgrade: touch nothing).
+        """
         corrupt: str | None = None
         try:
-            checkpoint = self.store.load()
-        except CheckpointCorrupt as exc:
-            corrupt = str(exc)
-            self._report("CheckpointCorrupt", corrupt)
-            checkpoint = self.store.load()
+            try:
+                checkpoint = self.store.load()
+            except CheckpointCorrupt as exc:
+                corrupt = str(exc)
+                self._report("CheckpointCorrupt", corrupt)
+                checkpoint = self.store.load()
+        except OSError as exc:
+            # E.g. no space to save a corrupt file's records: recover nothing, touch nothing,
+            # serve (each call reads again); the next start recovers.
+            problem = (
+                f"cannot read the checkpoint {self.store.path}: {exc}; serving without recovery"
+            )
+            self._report("CheckpointUnavailable", problem)
+            return StartReport(problems=(problem,))
         boot = self._boot_id()
         root = self.settings.cdi_root
-        cdi.remove_temp_files(root)
-        present = cdi.list_specs(root)
+        temp_files = cdi.remove_temp_files(root) + self.store.remove_temp_files()
         started = [ClaimUID(u) for u, r in checkpoint.claims.items() if r.state == PREPARE_STARTED]
         for uid in started:
             cdi.remove_spec(root, uid)
+        present = cdi.list_specs(root)
         rebooted = checkpoint.boot_id not in ("", boot)
         missing = {
             ClaimUID(u): r
             for u, r in checkpoint.claims.items()
-            if r.state == PREPARE_COMPLETED and (rebooted or u not in present)
+            if r.state == PREPARE_COMPLETED
+            and not r.from_spec  # its spec comes back with the kubelet's next prepare
+            and (rebooted or u not in present)
         }
         rewritten, problems = self._restore_specs(missing)
-        orphans = [] if corrupt else [u for u in present if u not in checkpoint.claims]
-        for uid in orphans:
-            cdi.remove_spec(root, uid)
+        found = self._adopt_specs(checkpoint).claims
+        adopted = {u: r for u, r in found.items() if u not in checkpoint.claims}
 
         def settle(cp: Checkpoint) -> Checkpoint:
             for uid in started:
                 cp = cp.without_claim(uid)
+            for u, record in adopted.items():
+                if u not in cp.claims:
+                    cp = cp.with_claim(u, record)
             return cp.with_boot_id(boot)
 
-        self.store.update(settle, durable=True)
+        try:
+            self.store.update(settle, durable=True)
+        except OSError as exc:
+            # A full state disk must not keep the plugin from serving (it would crash-loop):
+            # claims already prepared are answered from the checkpoint as it is; calls that
+            # write fail naming the error; the next start settles what this one could not.
+            problem = (
+                f"cannot write the checkpoint {self.store.path}: {exc}; serving on: prepared "
+                "claims are answered, other prepares and unprepares fail until it can be written"
+            )
+            problems.append(problem)
+            self._report("CheckpointWriteFailed", problem)
         report = StartReport(
             rewritten=tuple(rewritten),
             rolled_back=tuple(started),
-            orphans_removed=tuple(orphans),
+            adopted=tuple(ClaimUID(u) for u in adopted),
+            temp_files_removed=temp_files,
             problems=tuple(problems),
             corrupt=corrupt,
         )
         log.info("restored state: %s", report)
         return report
+
+    def _adopt_specs(self, checkpoint: Checkpoint) -> Checkpoint:
+        """``checkpoint`` plus a record rebuilt from each spec of ours it has none for.
+
+        The store's ``rebuild`` for a corrupt checkpoint, and part of start-up recovery; a spec
+        that cannot be read back is reported and left in place (its claim may be prepared).
+        """
+        for uid, path in cdi.list_specs(self.settings.cdi_root).items():
+            if uid in checkpoint.claims:
+                continue
+            try:
+                spec = json.loads(path.read_bytes())
+                if not isinstance(spec, dict):
+                    raise ValueError("not a JSON object")
+                record = records.record_from_spec(uid, spec, pool=self.settings.node_name)
+            except (OSError, ValueError) as exc:
+                self._report(
+                    "CDISpecUnreadable",
+                    f"CDI spec {path} has no checkpoint record and cannot be read back ({exc}); "
+                    "left in place",
+                )
+                continue
+            log.warning(
+                "claim %s/%s (%s) has a CDI spec but no checkpoint record: record rebuilt from %s",
+                record.namespace,
+                record.name,
+                uid,
+                path,
+            )
+            checkpoint = checkpoint.with_claim(uid, record)
+        return checkpoint
 
     def _restore_specs(
         self, claims: Mapping[ClaimUID, ClaimRecord]

@@ -99,6 +99,23 @@ def device_env_has(**expected: str) -> Check:
     return check
 
 
+def sharing_by_type(**strategy: str) -> Check:
+    """Each device's ``_SHARING_STRATEGY`` is ``strategy[<its type>]`` (type from the slices)."""
+
+    def check(ctx: Context, run: Run) -> list[str]:
+        def judge(device: str, facts: Mapping[str, Any]) -> str | None:
+            wanted = strategy[str(_attribute(facts, "type"))]
+            key = f"{env_prefix(device)}_SHARING_STRATEGY"
+            got = {c.view.env.get(key) for c in run.containers if device in c.devices}
+            return (
+                None if got == {wanted} else f"has {key}={sorted(map(str, got))}, wanted {wanted}"
+            )
+
+        return _each_device(ctx, run, judge)
+
+    return check
+
+
 def one_device_shared(ctx: Context, run: Run) -> list[str]:
     """Every container with a claim saw the same single device, all on one node."""
     users = [c for c in run.containers if c.devices]
@@ -170,6 +187,11 @@ SCENARIOS: tuple[Scenario, ...] = (
         "gpu-config",
         "a claim with a GpuConfig (time-slicing)",
         checks=(device_env_has(SHARING_STRATEGY="TimeSlicing", TIMESLICE_INTERVAL="Long"),),
+    ),
+    Scenario(
+        "gpu-and-mig-one-config",
+        "a GPU and a MIG device with one claim-wide GpuConfig: the GPU gets it, the MIG device not",
+        checks=(device_count(2), sharing_by_type(gpu="MPS", mig="TimeSlicing")),
     ),
     Scenario(
         "unsatisfiable",

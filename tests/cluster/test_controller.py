@@ -8,6 +8,8 @@ Cases:
 - A claim with an invalid GpuConfig is refused with the field named; a valid one is created; a
   template with an invalid config is refused; a misspelled selector attribute is created with a
   warning suggesting the published name; a DeviceClass with an invalid GpuConfig is refused.
+- A claim nested 985 or 1,600 levels deep, and one with a quantity exponent of 99,999,999, are
+  refused by the webhook with a reason (they used to drop the connection: `EOF`).
 - The built-in DeviceClasses are restored after deletion and after an edit; a class the
   controller does not own is never touched; the classes file's classes appear, and follow edits
   of the file (added, removed, extendedResourceName set on gpu.nvidia.com).
@@ -36,7 +38,7 @@ import pytest
 from dra_gpu.controller import classes, registration
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient, connect
-from e2e import probes, procs, waiting
+from e2e import helm, probes, procs, waiting
 from e2e.cluster import Cluster
 
 NS = "dra-gpu-controller-test"
@@ -158,7 +160,7 @@ def claim(
 
 
 def register_webhook(client: KubeClient, port: int, ca: Path) -> None:
-    config = registration.validating_webhook_configuration(
+    config = helm.webhook_configuration(
         WEBHOOK_CONFIG,
         registration.client_config_url(
             f"https://127.0.0.1:{port}/validate", ca_bundle_pem=ca.read_bytes()
@@ -312,6 +314,39 @@ def test_device_class_with_invalid_config_is_refused(setup: Setup) -> None:
     bad["spec"]["config"][0]["opaque"]["parameters"] = gpu_config(strategy="TimeSlicing")
     reply = setup.client.call("POST", CLASSES, body=bad, query={"dryRun": "All"})
     assert reply.body["metadata"]["name"] == "ctl-test-bad-class"
+
+
+@pytest.mark.parametrize("depth", [985, 1600])
+def test_deeply_nested_config_is_refused_saying_so(
+    cluster: Cluster, setup: Setup, depth: int
+) -> None:
+    """Was a dropped connection: the API server answered 500 `failed calling webhook: EOF`."""
+    import json
+
+    from e2e.cluster import ClusterError
+
+    deep = claim("deep", params={**gpu_config(), "sharing": "DEEP"})
+    # Python's json recursion stops near 1,000 levels: the deep part is written as text, compact
+    # (the API server allows 10,240 bytes of parameters).
+    text = json.dumps(deep).replace('"DEEP"', '{"a":' * depth + "1" + "}" * depth)
+    with pytest.raises(ClusterError) as refused:
+        cluster.kubectl("create", "--dry-run=server", "-f", "-", input=text)
+    assert DENIED in str(refused.value)
+    assert "nested more than 64 levels deep" in str(refused.value)
+    assert "EOF" not in str(refused.value)
+
+
+def test_huge_quantity_exponent_gets_an_answer(setup: Setup) -> None:
+    huge = claim(
+        "huge",
+        params=gpu_config(
+            strategy="MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "1e99999999"}
+        ),
+    )
+    with pytest.raises(errors.ApiError) as refused:
+        setup.client.call("POST", CLAIMS, body=huge, query={"dryRun": "All"})
+    assert DENIED in refused.value.message
+    assert "EOF" not in refused.value.message
 
 
 # ----- DeviceClasses ------------------------------------------------------------------------

@@ -4,9 +4,15 @@ Cases:
 - the committed plain manifests (``manifests/rendered/``) are exactly what the chart renders;
 - every object the chart renders is accepted by the API server (server-side dry-run), for the
   default values, simulated GPUs, and both ways of getting the webhook certificate;
-- the ValidatingAdmissionPolicy: a token of the plugin's ServiceAccount bound to node A may
-  create, update and delete node A's ResourceSlice and is refused node B's (create, update,
-  delete, and moving a slice from A to B); a token bound to no node writes nothing;
+- the ValidatingAdmissionPolicies: a token of the plugin's ServiceAccount bound to node A may
+  create, update and delete node A's ResourceSlice of its driver and is refused node B's
+  (create, update, delete, and moving a slice from A to B) and another driver's slice on node A
+  (create, update, delete); a token bound to no node writes nothing; it may post Events about
+  Node A only (not node B, not a pod, not with node B as source host);
+- the plugin's RBAC: it may get a claim by name, not list or watch claims (in a namespace or
+  cluster-wide) nor write their status;
+- the controller's policy: its token may create a DeviceClass labelled as its own, and may not
+  create an unlabelled one, nor delete or take over (label) another's;
 - the plugin's RBAC is enough for the real kubelet plugin: run with a node-bound token of its
   ServiceAccount, it publishes its node's devices.
 """
@@ -29,12 +35,15 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_gpu.kube import errors
+from dra_gpu.kube.client import KubeClient, connect
 from e2e import helm, waiting
 from e2e.cluster import Cluster
 
 DRIVER = "gpu.nvidia.com"
 POLICY_NS = "dra-gpu-policy"
 PLUGIN_SA = "dra-gpu-kubelet-plugin"
+CONTROLLER_SA = "dra-gpu-controller"
 WAIT_S = 60.0
 wait_for = functools.partial(waiting.wait_for, timeout=WAIT_S, every=0.5)  # probes run kubectl
 
@@ -181,13 +190,13 @@ def test_webhook_without_a_certificate_source_does_not_render() -> None:
 # ----- the ValidatingAdmissionPolicy ------------------------------------------------------
 
 
-def _slice(node: str, *, name: str | None = None) -> dict[str, Any]:
+def _slice(node: str, *, name: str | None = None, driver: str = DRIVER) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": name or f"{node}-{DRIVER}-test"},
+        "metadata": {"name": name or f"{node}-{driver}-test"},
         "spec": {
-            "driver": DRIVER,
+            "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
             "devices": [{"name": "gpu-0"}],
@@ -347,6 +356,28 @@ def test_plugin_is_refused_another_nodes_slice(cluster: Cluster, as_node_a: Slic
         cluster.kubectl("delete", "resourceslice", other["metadata"]["name"])
 
 
+def test_plugin_is_refused_another_drivers_slice_on_its_own_node(
+    cluster: Cluster, as_node_a: SliceClient
+) -> None:
+    nic = "nic.example.com"
+    status, message = as_node_a.create(_slice("policy-node-a", driver=nic))
+    assert status == 403
+    assert f"may only write its own driver's ResourceSlices, not those of driver {nic}" in message
+
+    # Another driver's slice on node A, published by that driver: not node A's GPU plugin's to
+    # rewrite or delete.
+    other = _slice("policy-node-a", driver=nic)
+    cluster.kubectl("create", "-f", "-", input=json.dumps(other))
+    try:
+        other["spec"]["devices"] = []
+        status, message = as_node_a.replace(other)
+        assert status == 403 and nic in message
+        status, message = as_node_a.delete(other["metadata"]["name"])
+        assert status == 403 and nic in message
+    finally:
+        cluster.kubectl("delete", "resourceslice", other["metadata"]["name"])
+
+
 def test_plugin_cannot_move_its_slice_to_another_node(as_node_a: SliceClient) -> None:
     own = _slice("policy-node-a", name="policy-move-test")
     assert as_node_a.create(own) == (200, "")
@@ -366,6 +397,137 @@ def test_token_bound_to_no_node_writes_nothing(cluster: Cluster, as_node_a: Slic
         unbound.close()
     assert status == 403
     assert "carries no node name" in message
+
+
+def _node_event(node: str, *, kind: str = "Node", name: str | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{node}.policy-test", "namespace": "default"},
+        "involvedObject": {"kind": kind, "name": name or node, "uid": name or node},
+        "reason": "CheckpointCorrupt",
+        "message": "policy test",
+        "type": "Warning",
+        "source": {"component": "gpu.nvidia.com-kubelet-plugin", "host": node},
+    }
+
+
+def _as_account(
+    cluster: Cluster, tmp_path: Path, node: dict[str, Any] | None, account: str = PLUGIN_SA
+) -> KubeClient:
+    token = _token(cluster, node=node, account=account)
+    return connect(_kubeconfig(cluster, tmp_path / f"{account}.kubeconfig", token))
+
+
+def _status_of(call: Callable[[], object]) -> tuple[int, str]:
+    try:
+        call()
+    except errors.ApiError as exc:
+        return exc.status or 0, exc.message
+    return 200, ""
+
+
+@pytest.fixture
+def plugin_of_node_a(
+    cluster: Cluster,
+    plugin_identity: tuple[dict[str, Any], dict[str, Any]],
+    as_node_a: SliceClient,
+    tmp_path: Path,
+) -> Iterator[KubeClient]:
+    """The plugin's identity on node A, once its RBAC and policies are in force."""
+    node_a, _node_b = plugin_identity
+    client = _as_account(cluster, tmp_path, node_a)
+    yield client
+    client.close()
+
+
+def test_plugin_posts_events_only_about_its_own_node(plugin_of_node_a: KubeClient) -> None:
+    client = plugin_of_node_a
+    events = "/api/v1/namespaces/default/events"
+
+    def post(event: dict[str, Any]) -> tuple[int, str]:
+        return _status_of(
+            lambda: client.request("POST", events, query={"dryRun": "All"}, body=event)
+        )
+
+    wait_for(
+        "the events policy to be in force",
+        lambda: post(_node_event("policy-node-a", name="policy-node-b"))[0] == 403,
+    )
+    assert post(_node_event("policy-node-a")) == (200, "")
+    status, message = post(_node_event("policy-node-a", name="policy-node-b"))
+    assert status == 403
+    assert "may only post Events about its own Node, not about Node policy-node-b" in message
+    assert post(_node_event("policy-node-a", kind="Pod", name="victim"))[0] == 403
+    spoofed = _node_event("policy-node-a")
+    spoofed["source"]["host"] = "policy-node-b"
+    assert post(spoofed)[0] == 403
+
+
+def test_plugin_reads_claims_only_by_name(plugin_of_node_a: KubeClient) -> None:
+    client = plugin_of_node_a
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{POLICY_NS}/resourceclaims"
+    # Allowed, and absent: 404, not 403.
+    assert _status_of(lambda: client.request("GET", f"{claims}/absent"))[0] == 404
+    for path in (claims, "/apis/resource.k8s.io/v1/resourceclaims"):
+        for query in ({}, {"watch": "true"}):
+            status, _ = _status_of(
+                lambda p=path, q=query: client.request("GET", p, query=q)  # type: ignore[misc]
+            )
+            assert status == 403, (path, query)
+    status_path = f"{claims}/absent/status"
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}
+    assert _status_of(lambda: client.request("PUT", status_path, body=body))[0] == 403
+
+
+def test_controller_writes_only_the_classes_it_owns(
+    cluster: Cluster, plugin_identity: object, tmp_path: Path
+) -> None:
+    client = _as_account(cluster, tmp_path, None, account=CONTROLLER_SA)
+    classes = "/apis/resource.k8s.io/v1/deviceclasses"
+    owned = {"app.kubernetes.io/managed-by": "dra-gpu"}
+
+    def write(method: str, path: str, labels: dict[str, str]) -> tuple[int, str]:
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "policy-test.example.com", "labels": labels},
+            "spec": {},
+        }
+        return _status_of(lambda: client.request(method, path, query={"dryRun": "All"}, body=body))
+
+    foreign = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "someone-elses.example.com"},
+        "spec": {},
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(foreign))
+    try:
+        wait_for(
+            "the classes policy to be in force",
+            lambda: write("POST", classes, {})[0] == 403,
+        )
+        assert write("POST", classes, owned) == (200, "")
+        status, message = write("POST", classes, {})
+        assert status == 403
+        assert "may only write DeviceClasses labelled app.kubernetes.io/managed-by" in message
+        theirs = f"{classes}/someone-elses.example.com"
+        assert (
+            _status_of(lambda: client.request("DELETE", theirs, query={"dryRun": "All"}))[0] == 403
+        )
+        # Taking a class over by adding the label is an update of a class it does not own.
+        current = json.loads(
+            cluster.kubectl("get", "deviceclass", "someone-elses.example.com", "-o", "json")
+        )
+        current["metadata"]["labels"] = owned
+        status, _ = _status_of(
+            lambda: client.request("PUT", theirs, query={"dryRun": "All"}, body=current)
+        )
+        assert status == 403
+    finally:
+        cluster.kubectl("delete", "deviceclass", "someone-elses.example.com")
+        client.close()
 
 
 def _kubeconfig(cluster: Cluster, path: Path, token: str) -> Path:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
+import pytest
+
+from e2e import node as node_module
+from e2e.cluster import Cluster
 from e2e.node import Node
 from e2e.node_cleanup import NodeRecord, reap_stale
 from e2e.suite import views
@@ -88,3 +93,29 @@ def test_a_node_left_by_a_killed_run_is_reaped_and_a_live_one_is_not(tmp_path: P
     assert reap_stale(tmp_path) == [str(records["dead"])]
     assert not records["dead"].exists()
     assert (records["live"] / "node.json").is_file()
+
+
+def test_a_build_longer_than_the_budget_leaves_the_whole_budget_to_the_node(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first ``make demo`` built the kubelet for minutes inside the node's 120 s budget,
+    then waited 0 s for the node and fell back to simulated nodes. Here the build (the real one,
+    already cached) is made to take longer than the whole budget, by moving the clock past it
+    while it runs; the node must still come up, with the full budget for its start."""
+    budget = 90.0
+    skew = 0.0
+    real_monotonic, real_build = time.monotonic, node_module.ensure_node_binaries
+
+    def slow_build() -> object:
+        nonlocal skew
+        skew += budget + 1
+        return real_build()
+
+    monkeypatch.setattr(time, "monotonic", lambda: real_monotonic() + skew)
+    monkeypatch.setattr(node_module, "ensure_node_binaries", slow_build)
+    node = Node(cluster, name="slow-build")
+    try:
+        node.up(timeout=budget)  # the bug: WaitTimeout "timed out after 0s waiting for node ..."
+        assert skew > budget  # the slow build did run inside up()
+    finally:
+        node.down()

@@ -13,6 +13,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from plugin_swap import replacing
+
 from e2e.cluster import Cluster
 from e2e.driver import Driver, PluginProcess
 from e2e.node import Node
@@ -55,42 +57,35 @@ def test_lost_gpu_shows_unhealthy_in_the_pod_status(
     watched = PluginProcess.for_node(
         real_nodes[NODE], kubeconfig=cluster.kubeconfig, profile=str(profile)
     )
-    registered = usual.registrations()
-    usual.stop()
     run = None
-    try:
-        watched.start()
-        watched.wait_registered(after=registered)
-        run, problems = runner.start(ctx, BY_NAME["all-gpus-reusable"])
-        assert not problems, problems
-        pod = next(iter(run.pods))
-        lost = "gpu-7"
+    with replacing(usual, watched):
+        try:
+            run, problems = runner.start(ctx, BY_NAME["all-gpus-reusable"])
+            assert not problems, problems
+            pod = next(iter(run.pods))
+            lost = "gpu-7"
 
-        def health_of_lost() -> str | None:
-            return device_health(ctx.kube.pod(run.namespace, pod)).get(lost) or None
+            def health_of_lost() -> str | None:
+                return device_health(ctx.kube.pod(run.namespace, pod)).get(lost) or None
 
-        assert wait_for("the health of gpu-7", health_of_lost, timeout=60) == "Healthy"
-        profile.write_text(PROFILE.format(count=7) + "# gpu-7 stopped answering\n")
+            assert wait_for("the health of gpu-7", health_of_lost, timeout=60) == "Healthy"
+            profile.write_text(PROFILE.format(count=7) + "# gpu-7 stopped answering\n")
 
-        def unhealthy() -> bool | None:
-            return health_of_lost() == "Unhealthy" or None
+            def unhealthy() -> bool | None:
+                return health_of_lost() == "Unhealthy" or None
 
-        wait_for("gpu-7 Unhealthy in the pod's status", unhealthy, timeout=60)
-        others = device_health(ctx.kube.pod(run.namespace, pod))
-        assert {k: v for k, v in others.items() if k != lost} == {
-            f"gpu-{i}": "Healthy" for i in range(7)
-        }
+            wait_for("gpu-7 Unhealthy in the pod's status", unhealthy, timeout=60)
+            others = device_health(ctx.kube.pod(run.namespace, pod))
+            assert {k: v for k, v in others.items() if k != lost} == {
+                f"gpu-{i}": "Healthy" for i in range(7)
+            }
 
-        profile.write_text(PROFILE.format(count=8))
+            profile.write_text(PROFILE.format(count=8))
 
-        def healthy_again() -> bool | None:
-            return health_of_lost() == "Healthy" or None
+            def healthy_again() -> bool | None:
+                return health_of_lost() == "Healthy" or None
 
-        wait_for("gpu-7 Healthy again", healthy_again, timeout=60)
-    finally:
-        problems = runner.finish(ctx, run) if run is not None else []
-        registered = watched.registrations()
-        watched.stop()
-        usual.start()
-        usual.wait_registered(after=0)
+            wait_for("gpu-7 Healthy again", healthy_again, timeout=60)
+        finally:
+            problems = runner.finish(ctx, run) if run is not None else []
     assert not problems, problems

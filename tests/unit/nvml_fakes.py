@@ -41,6 +41,7 @@ class FakeGpu:
     addressing_mode: int | None = 0  # None: NOT_SUPPORTED
     mig_table: migprofiles.MigTable = migprofiles.H200_141GB
     migs: list[FakeMig] = field(default_factory=list)
+    ecc_uncorrected: int | None = 0  # None: NOT_SUPPORTED (ECC off)
 
 
 class FakeNvml:
@@ -55,6 +56,10 @@ class FakeNvml:
         self.release = threading.Event()
         self.calls: list[str] = []
         self.driver_version = "580.159.04"
+        # events: what the H200 answered, and (GPU index, event type, data) waiting to be read
+        self.supported_events = 0xFF9F
+        self.registered: dict[int, int] = {}
+        self.pending: list[tuple[int, int, int]] = []
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("NVML_"):  # constants come from the real module
@@ -203,3 +208,40 @@ class FakeNvml:
         m = mh.mig
         g = m.profile.compute_slices
         return SimpleNamespace(gpuInstanceSliceCount=g, computeInstanceSliceCount=m.ci_slices or g)
+
+    # events
+    def nvmlDeviceGetSupportedEventTypes(self, h: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetSupportedEventTypes", h.index)
+        return self.supported_events
+
+    def nvmlEventSetCreate(self) -> object:
+        self._enter("nvmlEventSetCreate", None)
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, h: FakeGpu, mask: int, event_set: object) -> None:
+        self._enter("nvmlDeviceRegisterEvents", h.index)
+        self.registered[h.index] = mask
+
+    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> SimpleNamespace:
+        self._enter("nvmlEventSetWait_v2", None)
+        if not self.pending:
+            self.release.wait(min(timeout_ms / 1000, 0.01))
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        index, event_type, data = self.pending.pop(0)
+        return SimpleNamespace(device=self.gpus[index], eventType=event_type, eventData=data)
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self._enter("nvmlEventSetFree", None)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu:
+        gpu = next((g for g in self.gpus if g.uuid == uuid), None)
+        self._enter("nvmlDeviceGetHandleByUUID", None if gpu is None else gpu.index)
+        if gpu is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return gpu
+
+    def nvmlDeviceGetTotalEccErrors(self, h: FakeGpu, error_type: int, counter: int) -> int:
+        self._enter("nvmlDeviceGetTotalEccErrors", h.index)
+        if h.ecc_uncorrected is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return h.ecc_uncorrected

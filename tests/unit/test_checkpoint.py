@@ -6,6 +6,9 @@ Cases:
 - a file with unknown fields (a newer plugin's) loads and keeps those fields when rewritten;
 - a file needing a newer reader is refused and left untouched;
 - garbage and schema violations are reported as corruption, the file moved aside, not lost;
+- one bad record drops only itself: the valid records of a corrupt file are saved in its place,
+  completed by the store's ``rebuild``;
+- temp files of a writer killed mid-write are removed, never a live writer's;
 - a failing mutation changes nothing while others in the same batch commit;
 - two stores on one directory (rolling update) see each other's writes.
 """
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from dra_gpu.plugin import atomicfile
 from dra_gpu.plugin.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -29,6 +33,7 @@ from dra_gpu.plugin.checkpoint import (
     CheckpointTooNew,
     ClaimRecord,
     DeviceRecord,
+    encode,
     read_boot_id,
 )
 
@@ -142,12 +147,31 @@ def test_corruption_is_reported_and_file_moved_aside(
     assert reason in str(info.value)
     assert info.value.moved_to == tmp_path / "checkpoint.json.corrupt-19700101T000000Z"
     assert info.value.moved_to.read_bytes() == content
-    assert not (tmp_path / "checkpoint.json").exists()
-    assert store.load() == Checkpoint()  # keeps serving with an empty checkpoint
+    assert store.load() == Checkpoint()  # keeps serving with what could be saved: nothing
+    assert CheckpointStore(tmp_path).load() == Checkpoint(), "the salvage is on disk"
     (tmp_path / "checkpoint.json").write_bytes(content)
     with pytest.raises(CheckpointCorrupt) as again:
         store.load()
     assert again.value.moved_to.name.endswith("-2"), "a second corrupt file never overwrites"
+
+
+def test_one_bad_record_drops_only_itself(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, clock=lambda: 0.0)
+    store.update(add("good-1"), durable=True)
+    store.update(add("good-2"), durable=True)
+    raw = json.loads((tmp_path / "checkpoint.json").read_text())
+    raw["claims"]["bad"] = {**raw["claims"]["good-1"], "devices": [{"device": 7}]}
+    (tmp_path / "checkpoint.json").write_text(json.dumps(raw))
+    rebuilt = RECORD.model_copy(update={"name": "from-elsewhere", "from_spec": True})
+    store = CheckpointStore(tmp_path, rebuild=add("extra", rebuilt))
+    with pytest.raises(CheckpointCorrupt) as info:
+        store.load()
+    assert "kept 2 claim record(s), rebuilt 1, dropped: claim bad: devices.0.pool" in str(
+        info.value
+    )
+    on_disk = CheckpointStore(tmp_path).load()
+    assert on_disk.claims == {"good-1": RECORD, "good-2": RECORD, "extra": rebuilt}
+    assert on_disk.boot_id == raw["boot_id"]
 
 
 def test_failing_mutation_changes_nothing(tmp_path: Path) -> None:
@@ -222,3 +246,24 @@ def test_change_with_same_file_identity_is_seen_through_the_token(tmp_path: Path
         before.st_mtime_ns,
     )
     assert set(a.load().claims) == {"uid-2"}
+
+
+def test_temp_files_of_a_live_writer_are_kept(tmp_path: Path) -> None:
+    """Another instance (its own PID namespace, maybe the same PID) is mid-commit: its temp file
+    goes only when the sweep gets the lock, and by then the writer has renamed it."""
+    store = CheckpointStore(tmp_path)
+    store.update(add("uid-1"), durable=True)
+    dead = tmp_path / f".checkpoint.json.tmp-{os.getpid()}"
+    dead.write_bytes(b"{half a fi")
+    live = tmp_path / ".checkpoint.json.tmp-1"
+    swept: list[int] = []
+    sweeper = threading.Thread(target=lambda: swept.append(store.remove_temp_files()))
+    with atomicfile.locked(tmp_path / "checkpoint.lock"):  # what the other writer holds
+        live.write_bytes(encode(Checkpoint().with_claim("uid-2", RECORD)))
+        sweeper.start()
+        sweeper.join(0.5)
+        assert sweeper.is_alive() and live.exists() and dead.exists()
+        os.replace(live, tmp_path / "checkpoint.json")
+    sweeper.join(10)
+    assert swept == [1] and not dead.exists()
+    assert set(CheckpointStore(tmp_path).load().claims) == {"uid-2"}

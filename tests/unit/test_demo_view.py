@@ -12,6 +12,8 @@ Cases:
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from e2e import demo_view
@@ -143,3 +145,60 @@ def test_table_aligns_columns_and_continues_multiline_cells() -> None:
     assert lines[3][lines[0].index("WHAT") :] == "gpu-1 (log)"
     assert lines[4].startswith("longer/pod-name")
     assert lines[4].endswith("Pending")
+
+
+def test_an_admission_refusal_becomes_a_row_per_pod_saying_why() -> None:
+    body = json.dumps(
+        {
+            "kind": "Status",
+            "status": "Failure",
+            "code": 422,
+            "message": 'admission webhook "claims.gpu.nvidia.com" denied the request: '
+            "spec.devices.config[0].opaque.parameters.sharing.mpsConfig: only with the MPS "
+            "strategy; spec.devices.config[0].opaque.parameters.sharing.strategy: bad",
+        }
+    )
+    why = demo_view.admission_refusal(body)
+    assert why is not None and why.startswith("spec.devices.config[0]")
+    template = {"kind": "ResourceClaimTemplate", "metadata": {"name": "invalid-config"}}
+    (row,) = demo_view.refused_rows("invalid-config", template, ["invalid-config"], why)
+    assert (row.pod, row.claim, row.node, row.source) == (
+        "invalid-config/invalid-config",
+        "ResourceClaimTemplate invalid-config",
+        "-",
+        "admission",
+    )
+    lines = row.saw.splitlines()
+    assert lines[0] == "refused at admission:"
+    # Wrapped between words only, one problem after the other: nothing lost, no path cut.
+    assert lines[1].startswith("spec.devices.config[0].opaque.parameters.sharing.mpsConfig: ")
+    assert lines[-1].startswith("spec.devices.config[0].opaque.parameters.sharing.strategy: ")
+    assert " ".join(lines[1:]) == why.replace("; ", " ")
+    assert "(admission)" in demo_view.render_table([row])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        None,
+        "not json",
+        json.dumps({"message": 'namespaces "x" not found'}),
+        json.dumps(["a list"]),
+    ],
+)
+def test_other_api_errors_are_not_refusals(body: str | None) -> None:
+    assert demo_view.admission_refusal(body) is None
+
+
+def test_the_notice_says_why_nodes_are_simulated_and_where_to_look() -> None:
+    assert demo_view.fallback_notice([], [], some_real=False) == []
+    reason = "real node demo-h200 unavailable: timed out after 120s waiting for node demo-h200"
+    log = "/cache/demo/supervisor.log"
+    assert demo_view.fallback_notice([reason, reason], [log, log], some_real=False) == [
+        f"NO CONTAINER RAN: {reason}.",
+        f"  See why: less {log}",
+    ]
+    # Real nodes turned off on purpose: said as well, with no log to read.
+    assert demo_view.fallback_notice(["real nodes need root on Linux"], [""], some_real=False) == [
+        "NO CONTAINER RAN: real nodes need root on Linux."
+    ]

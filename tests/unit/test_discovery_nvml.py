@@ -46,13 +46,25 @@ def test_reads_the_fixture_h200(fake: FakeNvml, tmp_path: Path) -> None:
     assert gpu.memory_bytes == 150754820096
     assert gpu.pci_bus_id == "0000:00:06.0"
     assert gpu.pcie_root is None  # no sysfs entry in tmp_path
-    assert gpu.addressing_mode is None  # NVML says NONE
+    assert gpu.addressing_mode == "None"  # NVML says NONE (nvidia-smi -q: "Addressing Mode: None")
     assert (gpu.mig_capable, gpu.mig_enabled) == (True, False)
     assert gpu.mig_table == "H200-141GB"
     (dev,) = naming.build_devices(d.gpus)
-    assert dev.attributes["driverVersion"] == Version(580, 159, 4)
-    assert dev.attributes["cudaDriverVersion"] == Version(13, 0, 0)
-    assert dev.attributes["cudaComputeCapability"] == Version(9, 0, 0)
+    # Exactly what NVIDIA's driver publishes for this GPU (shared/docs/reference-drivers.md);
+    # pcieRoot is left out only because tmp_path has no sysfs.
+    assert dict(dev.attributes) == {
+        "type": "gpu",
+        "uuid": "GPU-dca98826-84b3-01c9-07e5-0760ceb4833e",
+        "productName": "NVIDIA H200",
+        "brand": "Nvidia",
+        "architecture": "Hopper",
+        "cudaComputeCapability": Version(9, 0, 0),
+        "driverVersion": Version(580, 159, 4),
+        "cudaDriverVersion": Version(13, 0, 0),
+        "addressingMode": "None",
+        "resource.kubernetes.io/pciBusID": "0000:00:06.0",
+    }
+    assert dict(dev.capacity) == {"memory": 150754820096}
     assert fake.calls[0] == "nvmlInit" and fake.calls[-1] == "nvmlShutdown"
 
 
@@ -122,6 +134,8 @@ def test_not_supported_mig_and_addressing_mean_no(fake: FakeNvml) -> None:
     fake.gpus = [FakeGpu(index=0, minor=0, mig_mode=None, addressing_mode=None)]
     (gpu,) = NvmlBackend(nvml=fake).discover().gpus
     assert (gpu.mig_capable, gpu.mig_enabled, gpu.addressing_mode) == (False, False, None)
+    (dev,) = naming.build_devices([gpu])
+    assert "addressingMode" not in dev.attributes
 
 
 def test_addressing_mode_ats_is_published(fake: FakeNvml) -> None:

@@ -52,7 +52,7 @@ def test_device_names(profile: str) -> None:
     assert [d.name for d in devices_of(profile)] == EXPECTED_NAMES[profile]
 
 
-GPU_ATTRS = {
+COMMON_ATTRS = {
     "type": str,
     "uuid": str,
     "productName": str,
@@ -64,7 +64,9 @@ GPU_ATTRS = {
     "resource.kubernetes.io/pciBusID": str,
     "resource.kubernetes.io/pcieRoot": str,
 }
-MIG_ATTRS = {**GPU_ATTRS, "parentUUID": str, "profile": str}
+# A simulated GPU publishes what the real H200 does, addressingMode "None" included.
+GPU_ATTRS = {**COMMON_ATTRS, "addressingMode": str}
+MIG_ATTRS = {**COMMON_ATTRS, "parentUUID": str, "profile": str}
 
 
 @pytest.mark.parametrize("profile", sorted(EXPECTED_NAMES))
@@ -91,6 +93,7 @@ def test_full_gpu_facts(profile: str, product: str, memory: int, cc: Version) ->
         assert d.attributes["architecture"] == "Hopper"
         assert d.attributes["cudaComputeCapability"] == cc
         assert d.attributes["driverVersion"] == Version(580, 159, 4)
+        assert d.attributes["addressingMode"] == "None"
         assert d.capacity == {"memory": memory}
 
 

@@ -107,6 +107,22 @@ def test_build_times_are_recorded_per_component(
     assert binaries.recorded_build_seconds("kubelet", versions) is None
 
 
+def test_build_progress_estimates_from_the_last_recorded_build(tmp_path: Path) -> None:
+    together = ["kube-apiserver", "kubectl"]
+    assert binaries.recorded_seconds(tmp_path, together) is None
+    assert binaries.progress_line("kubectl v1.37.2", 90.0, None, 412) == (
+        "[build] kubectl v1.37.2: 1m30.0s elapsed, 412 packages"
+    )
+    binaries.record_build(tmp_path, together, 372.0)
+    binaries.record_build(tmp_path, ["kubectl"], 12.0)
+    estimate = binaries.recorded_seconds(tmp_path, together)  # not the later kubectl-only build
+    assert estimate == 372.0
+    assert binaries.progress_line("kube-apiserver, kubectl", 90.0, estimate, 412) == (
+        "[build] kube-apiserver, kubectl: 1m30.0s elapsed of about 6m12.0s (last build), "
+        "412 packages"
+    )
+
+
 @pytest.fixture
 def layout(tmp_path: Path) -> components.Layout:
     return components.Layout(

@@ -24,6 +24,7 @@ from fake_claims import (
     result,
 )
 
+from dra_gpu.config import default_mig_device_config, normalized, parse_opaque_config
 from dra_gpu.plugin.ids import ClaimUID
 from dra_gpu.plugin.plan import ClaimRef, PlanError, plan_claim
 
@@ -88,15 +89,49 @@ BAD = [
         "sharing.timeSlicingConfig: must not be set when strategy is MPS",
         id="both-subconfigs",
     ),
+    # A config that names the device's request must fit it (a claim-wide one may not: below).
     pytest.param(
-        claim("uid-1", [result("gpu-0")], configs=[config(mig_config())]),
-        "a MigDeviceConfig cannot configure gpu-0, which is a full GPU (use GpuConfig)",
+        claim("uid-1", [result("gpu-0")], configs=[config(mig_config(), requests=["gpu"])]),
+        "a MigDeviceConfig cannot configure gpu-0, which is a full GPU (use GpuConfig",
         id="mig-config-on-gpu",
     ),
     pytest.param(
-        claim("uid-1", [result(MIG)], configs=[config(gpu_config(), source="FromClass")]),
+        claim(
+            "uid-1",
+            [result(MIG)],
+            configs=[config(gpu_config(), source="FromClass", requests=["gpu"])],
+        ),
         f"config[0] (FromClass): a GpuConfig cannot configure {MIG}, which is a MIG device",
         id="gpu-config-on-mig",
+    ),
+    pytest.param(
+        claim(
+            "uid-1",
+            [result("gpu-0", request="g"), result(MIG, request="m")],
+            configs=[config(gpu_config(), requests=["g", "m"])],
+        ),
+        f"config[0] (FromClaim): a GpuConfig cannot configure {MIG}, which is a MIG device",
+        id="gpu-config-naming-a-mig-request",
+    ),
+    # Every config of this driver is checked, as the webhook does, also one that names a request
+    # with no device here.
+    pytest.param(
+        claim(
+            "uid-1",
+            [result("gpu-0")],
+            configs=[config(gpu_config(sharing={"strategy": "X"}), requests=["elsewhere"])],
+        ),
+        "config[0] (FromClaim): sharing.strategy: must be one of",
+        id="invalid-config-of-another-request",
+    ),
+    pytest.param(
+        claim(
+            "uid-1",
+            [result(MIG)],
+            configs=[config(gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"x": 1}}))],
+        ),
+        "config[0] (FromClaim): sharing.mpsConfig.x: unknown field",
+        id="invalid-claim-wide-config-of-the-other-kind",
     ),
 ]
 
@@ -155,6 +190,49 @@ def test_subrequest_uses_base_request_name_and_configs() -> None:
     assert _interval(body) == "Medium"
     body["status"]["allocation"]["devices"]["config"] = [config(ts("Long"), requests=["gpu"])]
     assert _interval(body) == "Long"
+
+
+def test_claim_wide_config_of_the_other_kind_is_passed_over() -> None:
+    # NVIDIA's quickstart shape: one claim with a full GPU and a MIG device and a GpuConfig with
+    # no requests. The GPU gets the config, the MIG device its default; the pod runs.
+    mps = gpu_config(
+        sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 20}}
+    )
+    body = claim(
+        "uid-1", [result("gpu-0", request="g"), result(MIG, request="m")], configs=[config(mps)]
+    )
+    gpu, mig = plan(body).devices
+    assert gpu.cdi.config == normalized(parse_opaque_config(mps))
+    assert mig.cdi.config == default_mig_device_config()
+    # The same with the MigDeviceConfig alone, and both: each device gets its own kind.
+    mig_mps = mig_config(sharing={"strategy": "MPS"})
+    body["status"]["allocation"]["devices"]["config"] = [config(mps), config(mig_mps)]
+    gpu, mig = plan(body).devices
+    assert gpu.cdi.config == normalized(parse_opaque_config(mps))
+    assert mig.cdi.config == normalized(parse_opaque_config(mig_mps))
+
+
+def test_only_the_winning_config_must_fit() -> None:
+    # NVIDIA's rule: the last applicable config wins and only it is checked against the device
+    # type. A class's GpuConfig naming the request, overridden by the claim's MigDeviceConfig, is
+    # no error; a GpuConfig listed last is.
+    mig_mps = mig_config(sharing={"strategy": "MPS"})
+    body = claim(
+        "uid-1",
+        [result(MIG, request="m")],
+        configs=[
+            config(gpu_config(), source="FromClass", requests=["m"]),
+            config(mig_mps, requests=["m"]),
+        ],
+    )
+    (mig,) = plan(body).devices
+    assert mig.cdi.config == normalized(parse_opaque_config(mig_mps))
+    body["status"]["allocation"]["devices"]["config"] = [
+        config(mig_mps, requests=["m"]),
+        config(gpu_config(), requests=["m"]),
+    ]
+    with pytest.raises(PlanError, match=r"config\[1\] \(FromClaim\): a GpuConfig cannot configure"):
+        plan(body)
 
 
 def test_mig_device_facts_and_share_id() -> None:

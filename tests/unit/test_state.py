@@ -7,17 +7,31 @@ Cases:
 - claims in one call are independent; each bad input is that claim's error only;
 - a device prepared for one claim is refused to another unless both allocations share it;
 - start after a restart: interrupted prepares rolled back, missing specs rebuilt, every spec
-  rebuilt after a reboot (new boot ID), orphan specs removed, a corrupt checkpoint reported and
-  moved aside while specs are kept;
+  rebuilt after a reboot (new boot ID), a spec without a record adopted (record rebuilt from
+  it; one that cannot be read back reported and kept), a corrupt checkpoint reported and moved
+  aside while specs are kept;
 - a crash at each fault step (the on-disk state at that moment, restarted): the repeated call
   succeeds, no spec leaks or is duplicated, the checkpoint is valid;
-- many claims prepared in parallel all succeed.
+- many claims prepared in parallel all succeed;
+- a prepare SIGKILLed between writing a temp file and renaming it: the next start removes the
+  temp file (checkpoint or CDI spec) and the repeated prepare succeeds;
+- a corrupt checkpoint, then another restart: every prepared claim keeps its spec, gets its
+  record back from the spec, still holds its devices against other claims, answers a repeated
+  prepare in full and unprepares; claims sharing a device both prepare again;
+- start with the state disk full (a small tmpfs; needs root): the plugin starts and says why it
+  cannot write, prepared claims are answered, new prepares fail naming the error, and all works
+  again once there is space.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +46,7 @@ from fake_claims import (
     device_state,
     gpu_config,
     inventory,
+    mig_config,
     result,
 )
 
@@ -169,7 +184,10 @@ BAD_CLAIMS = [
             "bad",
             [result("gpu-0")],
             configs=[
-                config({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"})
+                config(
+                    {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"},
+                    requests=["gpu"],
+                )
             ],
         ),
         "a MigDeviceConfig cannot configure gpu-0, which is a full GPU",
@@ -222,25 +240,87 @@ def test_start_recovers_after_restart_and_reboot(env: Env) -> None:
     with pytest.raises(_Crash):
         crashing.prepare([ref("started")])
     cdi.spec_path(env.cdi_root, ClaimUID("lost-spec")).unlink()
-    orphan = cdi.spec_path(env.cdi_root, ClaimUID("orphan"))
-    orphan.write_text(cdi.spec_path(env.cdi_root, ClaimUID("done")).read_text())
+    # A prepared claim whose record the checkpoint lost.
+    env.fetcher.add(claim("no-record", [result("gpu-2-mig-2g10gb-14-4")]))
+    assert state.prepare([ref("no-record")])[ClaimUID("no-record")].error == ""
+    state.store.update(lambda cp: cp.without_claim("no-record"), durable=True)
 
     report = env.state().start()
     assert report.rolled_back == ("started",)
     assert report.rewritten == ("lost-spec",)
-    assert report.orphans_removed == ("orphan",)
-    assert env.specs() == {"done", "lost-spec"}
-    assert env.checkpoint_claims() == {"done": PREPARE_COMPLETED, "lost-spec": PREPARE_COMPLETED}
+    assert report.adopted == ("no-record",), env.reports
+    assert env.specs() == {"done", "lost-spec", "no-record"}
+    assert env.checkpoint_claims() == {
+        "done": PREPARE_COMPLETED,
+        "lost-spec": PREPARE_COMPLETED,
+        "no-record": PREPARE_COMPLETED,
+    }
 
     shutil.rmtree(env.cdi_root)  # a reboot empties /var/run/cdi
     env.boot = "boot-2"
     report = env.state().start()
-    assert sorted(report.rewritten) == ["done", "lost-spec"]
+    assert sorted(report.rewritten) == ["done", "lost-spec"], (
+        "a record rebuilt from a spec lacks the config; the kubelet's next prepare brings it back"
+    )
     for uid in ("done", "lost-spec"):
         assert (
             validate_spec(json.loads(cdi.spec_path(env.cdi_root, ClaimUID(uid)).read_text())) == []
         )
     assert env.state().start().rewritten == (), "same boot, specs present: nothing to do"
+
+
+def test_corrupt_checkpoint_then_restart_keeps_every_prepared_claim(env: Env) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0", "train")]))
+    sharing = mig_config(sharing={"strategy": "TimeSlicing"})
+    env.fetcher.add(claim("u2", [result(MIG, "infer")], configs=[config(sharing)]))
+    state = env.state()
+    answers = state.prepare([ref("u1"), ref("u2")])
+    specs = {u: cdi.spec_path(env.cdi_root, ClaimUID(u)).read_text() for u in ("u1", "u2")}
+    (env.state_dir / "checkpoint.json").write_text("{not json")
+
+    first = env.state().start()
+    second = env.state().start()  # the next clean start must not take them for orphans
+    assert {u: cdi.spec_path(env.cdi_root, ClaimUID(u)).read_text() for u in specs} == specs
+    assert first.corrupt is not None and "rebuilt 2" in first.corrupt
+    assert second.corrupt is None
+    assert env.checkpoint_claims() == {"u1": PREPARE_COMPLETED, "u2": PREPARE_COMPLETED}
+    restarted = env.state()
+    assert restarted.prepared_devices() == {"gpu-0", MIG}
+
+    env.fetcher.add(claim("u3", [result("gpu-0")]))
+    error = restarted.prepare([ref("u3")])[ClaimUID("u3")].error
+    assert "device gpu-0 is already prepared for claim default/claim-u1 (u1)" in error
+    assert env.specs() == {"u1", "u2"}
+
+    assert restarted.prepare([ref("u1"), ref("u2")]) == answers, (
+        "a repeated prepare of a claim whose record was rebuilt gets the full answer"
+    )
+    assert {u: cdi.spec_path(env.cdi_root, ClaimUID(u)).read_text() for u in specs} == specs
+    records = CheckpointStore(env.state_dir).load().claims
+    assert not records["u1"].from_spec and not records["u2"].from_spec
+    assert restarted.unprepare([ref("u1"), ref("u2")]) == {"u1": "", "u2": ""}
+    assert env.specs() == set() and env.checkpoint_claims() == {}
+
+
+def test_a_spec_that_cannot_be_read_back_is_reported_and_kept(env: Env) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    env.state().prepare([ref("u1")])
+    stray = cdi.spec_path(env.cdi_root, ClaimUID("stray"))
+    stray.write_text(cdi.spec_path(env.cdi_root, ClaimUID("u1")).read_text())  # names u1's devices
+    report = env.state().start()
+    assert report.adopted == () and stray.exists()
+    [(reason, message)] = env.reports
+    assert reason == "CDISpecUnreadable" and "is not a device of claim stray" in message
+    assert env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
+
+
+def test_claims_sharing_a_device_both_prepare_again_after_a_corrupt_checkpoint(env: Env) -> None:
+    env.fetcher.add(claim("a", [result("gpu-0", share_id="s1")]))
+    env.fetcher.add(claim("b", [result("gpu-0", share_id="s2")]))
+    answers = env.state().prepare([ref("a"), ref("b")])
+    (env.state_dir / "checkpoint.json").write_text("{not json")
+    env.state().start()
+    assert env.state().prepare([ref("a"), ref("b")]) == answers
 
 
 def test_corrupt_checkpoint_is_reported_and_serving_continues(env: Env) -> None:
@@ -340,3 +420,106 @@ def test_prepared_devices_are_those_of_prepared_claims(env: Env) -> None:
     assert state.prepared_devices() == {"gpu-0", MIG}
     state.unprepare([ref("u1")])
     assert state.prepared_devices() == set()
+
+
+# Runs a prepare in a child process that SIGKILLs itself at its Nth atomic rename, i.e. with that
+# file's temp copy written and not yet renamed (1: the PrepareStarted checkpoint, 2: the spec).
+_KILLED_MID_WRITE = """
+import os, signal, sys
+from pathlib import Path
+from fake_claims import FakeFetcher, claim, device_state, inventory, result
+from dra_gpu.plugin.ids import ClaimUID
+from dra_gpu.plugin.plan import ClaimRef
+
+root, kill_at = Path(sys.argv[1]), int(sys.argv[2])
+renames, real_replace = [], os.replace
+def replace(src, dst):
+    renames.append(dst)
+    if len(renames) == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst)
+os.replace = replace
+fetcher = FakeFetcher(claim("u1", [result("gpu-0")]))
+state = device_state(root, devices=inventory(), claims=fetcher, boot_id=lambda: "boot-1")
+state.prepare([ClaimRef(uid=ClaimUID("u1"), namespace="default", name="claim-u1")])
+"""
+
+
+@pytest.mark.parametrize("kill_at", [1, 2], ids=["checkpoint", "cdi-spec"])
+def test_sigkill_mid_write_leaves_a_temp_file_the_next_start_removes(
+    env: Env, kill_at: int
+) -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_MID_WRITE, str(env.root), str(kill_at)],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+
+    def temp_files() -> list[str]:
+        return sorted(
+            p.name for d in (env.state_dir, env.cdi_root) if d.is_dir() for p in d.iterdir()
+        )
+
+    left = [n for n in temp_files() if ".tmp-" in n]
+    assert len(left) == 1, f"the kill left no temp file: {temp_files()}"
+    report = env.state().start()
+    assert [n for n in temp_files() if ".tmp-" in n] == []
+    assert report.temp_files_removed == 1
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    assert env.state().prepare([ref("u1")])[ClaimUID("u1")].error == ""
+    assert env.specs() == {"u1"} and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
+
+
+@pytest.fixture
+def small_state_disk(env: Env) -> Iterator[Path]:
+    """A 512 KiB tmpfs as the state directory."""
+    env.state_dir.mkdir(parents=True)
+    mount = ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(env.state_dir)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs as a full disk")
+    try:
+        yield env.state_dir
+    finally:
+        subprocess.run(["umount", "-l", str(env.state_dir)], check=True)
+
+
+def _fill(disk: Path) -> Path:
+    """Fill ``disk`` to the last byte; returns the filler file."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as f:
+        for size in (65536, 4096, 1):
+            while True:
+                try:
+                    f.write(b"\0" * size)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    break
+    return filler
+
+
+def test_start_on_a_full_state_disk_serves(env: Env, small_state_disk: Path) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    env.fetcher.add(claim("u2", [result(MIG, "mig")]))
+    env.fetcher.add(claim("u3", [result("gpu-1-mig-2g10gb-14-0")]))
+    answer = env.state().prepare([ref("u1")])
+    with pytest.raises(_Crash):  # something for start to settle
+        env.state(fault=_raise_at("after-cdi-written")).prepare([ref("u2")])
+    filler = _fill(small_state_disk)
+
+    report = env.state().start()
+    assert report.rolled_back == ("u2",)
+    assert [p for p in report.problems if "No space left on device" in p], report.problems
+    assert [r for r, _ in env.reports] == ["CheckpointWriteFailed"]
+    state = env.state()
+    assert state.prepare([ref("u1")]) == answer, "a prepared claim is answered"
+    error = state.prepare([ref("u3")])[ClaimUID("u3")].error
+    assert "No space left on device" in error
+
+    filler.unlink()
+    assert state.prepare([ref("u3")])[ClaimUID("u3")].error == ""
+    assert state.prepare([ref("u2")])[ClaimUID("u2")].error == "", "the retry of u2 succeeds"
+    assert env.state().start().problems == ()
+    assert env.checkpoint_claims() == {u: PREPARE_COMPLETED for u in ("u1", "u2", "u3")}

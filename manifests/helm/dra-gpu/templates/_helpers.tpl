@@ -45,3 +45,27 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "dra-gpu.pluginDataDir" -}}
 {{- printf "%s/plugins/%s" (trimSuffix "/" .Values.kubeletPlugin.kubeletDir) .Values.driverName -}}
 {{- end -}}
+
+{{- /* Webhook match conditions (CEL). The DeviceClaim of a claim or a template, optional. */ -}}
+{{- define "dra-gpu.claimDevices" -}}
+(request.resource.resource == 'resourceclaimtemplates' ? object.spec.?spec.?devices : object.spec.?devices)
+{{- end -}}
+
+{{- /* Config entry `c` is an opaque config of this driver. */ -}}
+{{- define "dra-gpu.isDriverConfig" -}}
+c.?opaque.?driver.orValue('') == {{ .Values.driverName | squote }}
+{{- end -}}
+
+{{- /* CEL selector `s` mentions this driver (its attributes and capacities are qualified by it). */ -}}
+{{- define "dra-gpu.namesDriver" -}}
+s.?cel.?expression.orValue('').contains({{ .Values.driverName | squote }})
+{{- end -}}
+
+{{- /* Never the system namespaces: nothing there may wait for this driver's webhook. */ -}}
+{{- define "dra-gpu.webhookNamespaceSelector" -}}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values: {{ toJson .Values.webhook.ignoredNamespaces }}
+{{- end -}}

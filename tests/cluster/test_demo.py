@@ -1,0 +1,52 @@
+"""``make demo``'s environment, on simulated nodes: what the chart installs, bad input refused.
+
+The demo runs the controller with its admission webhook, registered for the whole cluster like
+the chart's ValidatingWebhookConfiguration, so its bad-input example (``invalid-config``) is
+refused when it is applied, and its row says so and why, instead of the pod failing at prepare.
+With simulated nodes, no container runs: the table's heading says so and why.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e import demo, demo_env, demo_view
+from e2e.suite.kube import Kube
+
+
+@pytest.fixture
+def environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[demo_env.Environment]:
+    monkeypatch.setenv("DRA_GPU_DEMO_REAL_NODES", "no")
+    workdir = Path(tempfile.mkdtemp(prefix="demo-"))  # short: plugin sockets live below it
+    env = demo_env.Environment(workdir)
+    try:
+        env.up()
+        yield env
+    finally:
+        env.down()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_bad_input_is_refused_at_admission_and_the_heading_says_no_container_ran(
+    environment: demo_env.Environment,
+) -> None:
+    state = environment.state()
+    kube = Kube.from_kubeconfig(state.kubeconfig)
+    entries = demo.apply_scenarios(kube, state)
+
+    refused = [e for e in entries if isinstance(e, demo_view.Row)]
+    assert [(r.pod, r.claim, r.source) for r in refused] == [
+        ("invalid-config/invalid-config", "ResourceClaimTemplate invalid-config", "admission")
+    ]
+    assert "mpsConfig" in refused[0].saw
+    assert not kube.pod_exists("demo-invalid-config", "invalid-config")
+    created = [e for e in entries if not isinstance(e, demo_view.Row)]
+    assert ("demo-one-gpu", "one-gpu") in created
+
+    ending = demo.result_text(state, refused)
+    assert ending.startswith("NO CONTAINER RAN: real nodes off (DRA_GPU_DEMO_REAL_NODES=no).")
