@@ -1,6 +1,6 @@
 """Prepare latency and throughput of the kubelet plugin, against the local API server.
 
-Usage: ``.venv/bin/python bench/prepare.py [--samples N] [--rounds R] [--server plugin|standalone]``
+Usage: ``.venv/bin/python bench/prepare.py [--samples N] [--rounds R] [--server KIND] [--metrics]``
 
 Set-up (not timed): a local control plane (``e2e.cluster.Cluster``), a node simulated with ten
 H200 GPUs in MIG mode (7 x ``1g.18gb`` each: 70 MIG devices), the real kubelet plugin publishing
@@ -15,7 +15,8 @@ by the real scheduler. The benchmark then acts as the kubelet over the DRA unix 
 
 ``--server plugin`` (default) measures ``dra-gpu kubelet-plugin`` as deployed (its DRA calls are
 serialized node-wide by a file lock); ``standalone`` measures ``python -m
-dra_gpu.plugin.dra_service`` on the same state, which has no such lock.
+dra_gpu.plugin.dra_service`` on the same state, which has no such lock. ``--metrics`` measures
+the plugin without and then with ``--metrics-address`` (the cost of ``/metrics`` on prepare).
 
 Targets on this 2-core machine: p50 < 10 ms, p99 < 50 ms, >= 100 claims/s.
 """
@@ -79,16 +80,17 @@ def servers(cluster: Cluster, node: str, root: Path, kind: str) -> Iterator[Path
 
     profile = root / "bench-mig.json"
     profile.write_text(json.dumps(PROFILE))
-    (port,) = procs.free_ports(1)
+    port, metrics_port = procs.free_ports(2)
     dirs = PluginDirs.under(root)
     env = {"PATH": "/usr/bin:/bin"}
+    metrics = ("--metrics-address", f"127.0.0.1:{metrics_port}") if kind == "metrics" else ()
     argv = plugin_argv(
         node_name=node,
         kubeconfig=cluster.kubeconfig,
         profile=str(profile),
         dirs=dirs,
         healthz_port=port,
-        extra=("--log-level", "WARNING"),
+        extra=("--log-level", "WARNING", *metrics),
     )
     plugin = procs.spawn(argv, log_path=root / "plugin.log", env=env)
     started = [plugin]
@@ -235,7 +237,8 @@ def pct(values: Sequence[float], q: float) -> float:
 
 def report(kind: str, prep: list[float], unprep: list[float], rates: list[float]) -> None:
     p50, p99 = pct(prep, 0.5), pct(prep, 0.99)
-    print(f"server: {kind}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    name = "plugin with /metrics" if kind == "metrics" else kind
+    print(f"server: {name}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(
         f"prepare, single-claim calls (n={len(prep)}): p50 {p50:.2f} ms "
         f"(target < {TARGET_P50_MS:.0f}: {'OK' if p50 < TARGET_P50_MS else 'OVER'}), "
@@ -256,9 +259,14 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--server", choices=["plugin", "standalone", "both"], default="both")
+    parser.add_argument(
+        "--metrics", action="store_true", help="the plugin without, then with --metrics-address"
+    )
     args = parser.parse_args()
     node = f"bench-{uuid.uuid4().hex[:6]}"
     kinds = ["plugin", "standalone"] if args.server == "both" else [args.server]
+    if args.metrics:
+        kinds = ["plugin", "metrics"]
     claims: list[Any] = []  # made once, with the first server; the second reuses them
     with Cluster() as cluster, tempfile.TemporaryDirectory(prefix="pb-") as tmp:
         cluster.register_node(node)

@@ -20,6 +20,7 @@ import dra_gpu
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "dra_gpu.controller.command",
     "dra_gpu.discover_cmd",
+    "dra_gpu.explain.command",
     "dra_gpu.health_cmd",
     "dra_gpu.plugin.main",
 )

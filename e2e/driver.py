@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -246,15 +246,21 @@ class WebhookServing:
 
 
 def controller_process(
-    *, kubeconfig: Path, log_path: Path, webhook: WebhookServing | None = None
+    *,
+    kubeconfig: Path,
+    log_path: Path,
+    webhook: WebhookServing | None = None,
+    extra: Sequence[str] = (),
 ) -> ManagedProcess:
     """The controller without leader election: it keeps the DeviceClasses applied
     (``gpu.nvidia.com`` with ``extendedResourceName: nvidia.com/gpu``) and, given ``webhook``,
-    serves the admission webhook there (``register_webhook`` points the API server at it)."""
+    serves the admission webhook there (``register_webhook`` points the API server at it);
+    ``extra``: more flags."""
     argv = [
         *(sys.executable, "-m", "dra_gpu", "controller", "--kubeconfig", str(kubeconfig)),
         *("--no-leader-elect", "--extended-resource-name", EXTENDED_RESOURCE),
         *(webhook.args() if webhook else []),
+        *extra,
     ]
     return ManagedProcess("controller", argv, log_path, _python_env())
 
@@ -318,6 +324,8 @@ class Driver:
 
     controller: ManagedProcess
     plugins: dict[str, PluginProcess]
+    # Where each process serves /metrics on 127.0.0.1: "controller" and the plugins' node names.
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def wait_ready(self, kube: Kube, *, timeout: float = 60.0) -> None:
         """Each plugin is registered with its kubelet and its node's devices are published; the

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from dra_gpu.controller import leases
 
 if TYPE_CHECKING:
+    from dra_gpu import metrics
     from dra_gpu.controller import certs, electing, serving
     from dra_gpu.kube.client import KubeClient
 
@@ -94,11 +95,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     le.add_argument("--renew-period", type=float, default=leases.Timing.renew_period)
     le.add_argument("--retry-period", type=float, default=leases.Timing.retry_period)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--metrics-address",
+        default="",
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics here (default empty: off)",
+    )
     p.set_defaults(func=main)
 
 
 def _start_webhook(
-    args: argparse.Namespace,
+    args: argparse.Namespace, measured: metrics.ControllerMetrics | None
 ) -> tuple[serving.WebhookServer, certs.ReloadingContext]:
     from dra_gpu.controller import admission, certs, registration, serving
 
@@ -115,7 +122,7 @@ def _start_webhook(
         host=args.webhook_address,
         port=args.webhook_port,
         context=context.context,
-        reviewer=admission.review,
+        reviewer=measured.reviewer(admission.review) if measured else admission.review,
     )
     server.start()
     log.info(
@@ -172,12 +179,18 @@ def main(args: argparse.Namespace) -> int:
     )
     # urllib3 logs every connection retry as a warning; our loops retry and log once instead.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
+    from dra_gpu import metrics
     from dra_gpu.controller import reconciling
     from dra_gpu.kube.client import connect
 
+    try:
+        metrics_address = metrics.parse_address(args.metrics_address)
+    except metrics.AddressError as exc:
+        raise SystemExit(f"--metrics-address: {exc}") from exc
+    measured = metrics.ControllerMetrics() if metrics_address else None
     stop, elector_stop, wake = threading.Event(), threading.Event(), threading.Event()
     _install_signal_handlers(stop)
-    webhook = _start_webhook(args) if args.webhook_port is not None else None
+    webhook = _start_webhook(args, measured) if args.webhook_port is not None else None
     try:
         client = connect(args.kubeconfig, default_kubeconfig=True)
     except Exception as exc:
@@ -191,12 +204,19 @@ def main(args: argparse.Namespace) -> int:
     if args.leader_elect:
         elector = _elector(args, client)
         elector_thread = _thread("elector", elector.run, elector_stop, lambda _: wake.set())
+    reconciler: reconciling.Reconciles = reconciling.Reconciler(client, source)
+    stop_metrics = None
+    if measured is not None and metrics_address is not None:
+        measured.watch_leader(lambda: elector.is_leader)
+        reconciler = measured.counted(reconciler)
+        stop_metrics = metrics.serve(metrics_address, measured.registry)
+        log.info("metrics at http://%s:%d/metrics", *metrics_address)
     # The watch thread is a daemon left to die with the process: it may sit in a long request.
     _thread("watch", reconciling.watch_classes, client, stop, wake.set)
     loop = _thread(
         "reconcile",
         reconciling.run,
-        reconciling.Reconciler(client, source),
+        reconciler,
         source,
         stop=stop,
         wake=wake,
@@ -214,5 +234,7 @@ def main(args: argparse.Namespace) -> int:
         elector_thread.join(timeout=10)
     if webhook is not None:
         webhook[0].stop()
+    if stop_metrics is not None:
+        stop_metrics()
     log.info("stopped")
     return 0

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dra_gpu.controller import classes
 from dra_gpu.kube import errors
@@ -181,8 +181,12 @@ def watch_classes(client: KubeClient, stop: threading.Event, on_event: Callable[
             stop.wait(2.0)
 
 
+class Reconciles(Protocol):
+    def reconcile_once(self) -> tuple[str, ...]: ...
+
+
 def run(
-    reconciler: Reconciler,
+    reconciler: Reconciles,
     source: ClassSource,
     *,
     stop: threading.Event,

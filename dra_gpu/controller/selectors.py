@@ -113,15 +113,31 @@ def _is_device_map(node: lark.Tree[lark.Token]) -> str | None:
     return None
 
 
-def _domain_map(node: lark.Tree[lark.Token] | lark.Token) -> str | None:
-    """The map name when ``node`` is ``device.<map>['gpu.nvidia.com']``."""
+def _device_map_domain(node: lark.Tree[lark.Token] | lark.Token) -> tuple[str, str] | None:
+    """``(map, domain)`` when ``node`` is ``device.<map>['<domain>']`` with a literal domain."""
     inner = _single_chain_leaf(node)
     if not (isinstance(inner, lark.Tree) and inner.data == "member_index"):
         return None
     receiver, index = inner.children
-    if not isinstance(receiver, lark.Tree) or _string_literal(index) != DOMAIN:
+    domain = _string_literal(index)
+    if not isinstance(receiver, lark.Tree) or domain is None:
         return None
-    return _is_device_map(receiver)
+    which = _is_device_map(receiver)
+    return None if which is None else (which, domain)
+
+
+def device_accesses(tree: lark.Tree[lark.Token]) -> Iterator[tuple[str, str, str]]:
+    """``(map, domain, name)`` for each ``device.<map>['<domain>'].<name>`` (or ``['<name>']``)."""
+    for node in tree.iter_subtrees():
+        if node.data not in ("member_dot", "member_index"):
+            continue
+        receiver, key = node.children
+        found = _device_map_domain(receiver)
+        if found is None:
+            continue
+        name = str(key) if node.data == "member_dot" else _string_literal(key)
+        if name is not None:
+            yield found[0], found[1], name
 
 
 def name_uses(expression: str) -> Iterator[NameUse]:
@@ -130,15 +146,8 @@ def name_uses(expression: str) -> Iterator[NameUse]:
         tree = celparser.CELParser().parse(expression)
     except (celparser.CELParseError, LarkError):
         return
-    for node in tree.iter_subtrees():
-        if node.data not in ("member_dot", "member_index"):
-            continue
-        receiver, key = node.children
-        which = _domain_map(receiver)
-        if which is None:
-            continue
-        name = str(key) if node.data == "member_dot" else _string_literal(key)
-        if name is not None:
+    for which, domain, name in device_accesses(tree):
+        if domain == DOMAIN:
             yield NameUse(which, name)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -101,6 +102,10 @@ def _cuda_version_text(value: int) -> str:
     return f"{version.major}.{version.minor}"
 
 
+# (NVML function, seconds, "ok" | "error" | "timeout") after each call: metrics, when served.
+CallObserver = Callable[[str, float, str], None]
+
+
 class NvmlBackend:
     """``GpuBackend`` over pynvml (or anything shaped like it)."""
 
@@ -113,6 +118,7 @@ class NvmlBackend:
         sysfs_root: Path = Path("/sys"),
         driver_root: Path = Path("/"),
         open_library: nvml_lib.OpenLibrary = ctypes.CDLL,
+        observe: CallObserver | None = None,
     ) -> None:
         if nvml is None:
             import pynvml
@@ -124,6 +130,7 @@ class NvmlBackend:
         self._sysfs_root = sysfs_root
         self._driver_root = driver_root
         self._open_library = open_library
+        self._observe = observe
         self._timeouts = 0
         # one pass at a time: the per-pass timeout budget is per backend, not per thread
         self._pass_lock = threading.Lock()
@@ -135,13 +142,20 @@ class NvmlBackend:
         if fn is None:  # an older pynvml without this wrapper
             code = getattr(self._nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None)
             raise GpuReadError(f"{fn_name}: not provided by this pynvml", code=code)
+        start, outcome = time.perf_counter(), "error"
         try:
-            return self._caller.call(fn_name, lambda: fn(*args))
+            result = self._caller.call(fn_name, lambda: fn(*args))
+            outcome = "ok"
+            return result
         except CallTimeoutError:
             self._timeouts += 1
+            outcome = "timeout"
             raise
         except self._nvml.NVMLError as e:
             raise GpuReadError(f"{fn_name}: {e}", code=getattr(e, "value", None)) from e
+        finally:
+            if self._observe is not None:
+                self._observe(fn_name, time.perf_counter() - start, outcome)
 
     def _is(self, err: GpuReadError, *codes: str) -> bool:
         return any(err.code == getattr(self._nvml, c, object()) for c in codes)

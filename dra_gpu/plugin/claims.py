@@ -8,21 +8,19 @@ best effort: a failure to post an event is logged, never raised into prepare.
 
 from __future__ import annotations
 
-import datetime
 import logging
-import uuid
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient
+from dra_gpu.plugin import events
 from dra_gpu.plugin.plan import PlanError
 
 log = logging.getLogger(__name__)
 
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
-COMPONENT = "gpu.nvidia.com-kubelet-plugin"  # the source of our events
 
 
 class KubeClaimFetcher:
@@ -53,25 +51,9 @@ class NodeEventReporter:
 
     def __call__(self, reason: str, message: str) -> None:
         log.warning("%s: %s", reason, message)
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{self._node}.{uuid.uuid4().hex[:16]}", "namespace": "default"},
-            "involvedObject": {
-                "kind": "Node",
-                "name": self._node,
-                "uid": self._node,  # as the kubelet does; ``kubectl describe node`` matches it
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning",
-            "source": {"component": COMPONENT, "host": self._node},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            self._client.request("POST", "/api/v1/namespaces/default/events", body=event)
-        except errors.ApiError as exc:
-            log.error("could not post event %s for node %s: %s", reason, self._node, exc)
+        # The uid is the node name, as the kubelet does; ``kubectl describe node`` matches it.
+        involved = {"kind": "Node", "name": self._node, "uid": self._node}
+        event = events.warning_event(
+            involved, namespace="default", reason=reason, message=message, host=self._node
+        )
+        events.post(self._client, event)

@@ -141,12 +141,15 @@ def make_state(
     )
 
 
-def registrar(state: DeviceState) -> Callable[[grpc.Server], None]:
-    """Restores ``state`` and registers the services; call before the server starts."""
+def registrar(
+    state: DeviceState, handler: PrepareHandler | None = None
+) -> Callable[[grpc.Server], None]:
+    """Restores ``state`` and registers the services (answered by ``handler``, by default the
+    state itself); call before the server starts."""
 
     def register(server: grpc.Server) -> None:
         state.start()
-        register_dra_services(server, state)
+        register_dra_services(server, handler or state)
 
     return register
 

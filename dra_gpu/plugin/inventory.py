@@ -40,12 +40,16 @@ def backend_for(
     node_name: str,
     driver_root: Path = Path("/"),
     nvml_timeout_s: float = 10.0,
+    nvml_observe: Callable[[str, float, str], None] | None = None,
 ) -> GpuBackend:
-    """The simulated backend for ``--simulate``, else NVML; raises InventoryError."""
+    """The simulated backend for ``--simulate``, else NVML (each call reported to
+    ``nvml_observe``); raises InventoryError."""
     if simulate is None:
         from dra_gpu.devices import nvml  # pynvml only on real nodes
 
-        return nvml.NvmlBackend(driver_root=driver_root, call_timeout_s=nvml_timeout_s)
+        return nvml.NvmlBackend(
+            driver_root=driver_root, call_timeout_s=nvml_timeout_s, observe=nvml_observe
+        )
     from dra_gpu.devices import simulated
 
     try:

@@ -86,12 +86,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
+    from dra_gpu import metrics
     from dra_gpu.devices import health_rules
     from dra_gpu.kube import errors
     from dra_gpu.kube.client import connect
     from dra_gpu.plugin import (
         checkpoint,
         dra_service,
+        events,
         health_monitor,
         inventory,
         node_plugin,
@@ -99,12 +101,14 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         sockets,
     )
 
+    measured = metrics.PluginMetrics() if settings.metrics_address is not None else None
     try:
         rules = health_rules.load_rules(settings.health_config)
         backend = inventory.backend_for(
             simulate=settings.simulate,
             node_name=settings.node_name,
             driver_root=settings.driver_root,
+            nvml_observe=measured.nvml_call if measured is not None else None,
         )
         devices, discovery_errors = inventory.discover_with_errors(backend)
         inventory.log_errors(discovery_errors)
@@ -116,8 +120,16 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     # Prepare looks devices up in the latest inventory (it may change while the plugin runs).
     current = {d.name: d for d in devices}
     state = device_state(settings, client=client, inventory=lambda: current)
+    # What answers the kubelet: the state, plus Events on failures, plus metrics when asked.
+    with_events = events.FailureEvents(state, client, node_name=settings.node_name)
+    handler: dra_service.PrepareHandler = with_events
+    if measured is not None:
+        handler = measured.measured(with_events)
     plugin = node_plugin.NodePlugin(
-        settings, store=store, devices=devices, register_dra=dra_service.registrar(state)
+        settings,
+        store=store,
+        devices=devices,
+        register_dra=dra_service.registrar(state, handler),
     )
 
     try:
@@ -135,6 +147,24 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         nonlocal current
         current = {d.name: d for d in new}
         monitor.set_devices(new, in_use=state.prepared_devices())
+        if measured is not None:
+            measured.rediscovery_changes.inc()
+
+    def published_devices() -> list[tuple[str, str]]:
+        health = plugin.health.snapshot().devices
+        return [
+            (str(d.type), health[d.name].health if d.name in health else "UNKNOWN")
+            for d in current.values()
+        ]
+
+    stop_metrics = None
+    if measured is not None and settings.metrics_address is not None:
+        measured.watch_state(prepared=lambda: _prepared_counts(state), published=published_devices)
+        try:
+            stop_metrics = metrics.serve(settings.metrics_address, measured.registry)
+        except OSError as err:
+            log.error("cannot serve /metrics at %s: %s", settings.metrics_address, err)
+            return 1
 
     log.info(
         "starting: node %s, driver %s, %d devices%s",
@@ -168,4 +198,19 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         return 1
     finally:
         plugin.stop()
+        with_events.close()
+        if stop_metrics is not None:
+            stop_metrics()
     return 0
+
+
+def _prepared_counts(state: DeviceState) -> tuple[int, int]:
+    """(claims, devices) prepared on this node, as the checkpoint says."""
+    from dra_gpu.plugin import checkpoint
+
+    try:
+        claims = state.store.load().claims.values()
+    except checkpoint.CheckpointError:
+        return (0, 0)
+    done = [c for c in claims if c.state == checkpoint.PREPARE_COMPLETED]
+    return len(done), sum(len(c.devices) for c in done)

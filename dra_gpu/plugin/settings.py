@@ -52,6 +52,7 @@ ENV_VARS: Mapping[str, str] = {
     "log_level": "LOG_LEVEL",
     "rediscover_interval": "REDISCOVER_INTERVAL",
     "health_config": "HEALTH_CONFIG",
+    "metrics_address": "METRICS_ADDRESS",
 }
 
 
@@ -88,6 +89,8 @@ class Settings:
     rediscover_interval_s: float | None = DEFAULT_REDISCOVER_INTERVAL_S
     # XID/ECC classification overrides and the quiet period (health_rules); None: defaults.
     health_config: Path | None = None
+    # Where /metrics is served; None: not served.
+    metrics_address: tuple[str, int] | None = None
 
     @property
     def rolling_update(self) -> bool:
@@ -164,6 +167,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and the quiet period before a tainted GPU is cleared (default: built-in table, 300 s)",
         metavar="FILE",
     )
+    add(
+        "--metrics-address",
+        "metrics_address",
+        "serve Prometheus /metrics at HOST:PORT (default empty: off)",
+        metavar="HOST:PORT",
+    )
 
 
 def _pick(values: Mapping[str, object], env: Mapping[str, str], dest: str) -> str | None:
@@ -211,6 +220,15 @@ def _interval(raw: str | None) -> float | None:
     return seconds or None
 
 
+def _metrics_address(raw: str | None) -> tuple[str, int] | None:
+    from dra_gpu import metrics  # prometheus_client only when settings are built, not for --help
+
+    try:
+        return metrics.parse_address(raw or "")
+    except metrics.AddressError as err:
+        raise SettingsError(str(err)) from None
+
+
 def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Settings:
     """Settings from parsed flags (``vars(args)``) and the environment; raises SettingsError."""
 
@@ -251,6 +269,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         log_level=log_level,
         rediscover_interval_s=_interval(pick("rediscover_interval")),
         health_config=_optional_path(pick("health_config")),
+        metrics_address=_metrics_address(pick("metrics_address")),
     )
     for path in dataclasses.astuple(socket_paths(settings)):
         if len(str(path).encode()) > sockets.MAX_PATH:

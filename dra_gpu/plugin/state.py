@@ -114,6 +114,7 @@ class StateSettings:
 class PrepareResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+    kind: str = ""  # the error's class name: a bounded label for metrics and events
 
 
 @dataclass(frozen=True)
@@ -197,9 +198,9 @@ class DeviceState:
             # Someone must act (fix the claim, the node): the pod waits until then. A warning,
             # without a traceback: the message says all there is to say.
             log.warning("prepare %s (%s) failed: %s", ref, ref.uid, exc)
-            return PrepareResult(error=str(exc))
+            return PrepareResult(error=str(exc), kind=type(exc).__name__)
         except Exception as exc:
-            return PrepareResult(error=self._unexpected("prepare", ref, exc))
+            return PrepareResult(error=self._unexpected("prepare", ref, exc), kind="Unexpected")
 
     def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         record = self.store.load().claims.get(ref.uid)

@@ -47,13 +47,15 @@ CONTROLLER_SA = "dra-gpu-controller"
 WAIT_S = 60.0
 wait_for = functools.partial(waiting.wait_for, timeout=WAIT_S, every=0.5)  # probes run kubectl
 
+# Schema-less stand-ins for the CRDs of cert-manager and the Prometheus Operator, whose objects
+# the chart renders on request.
 CERT_MANAGER_CRDS = [
     {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.cert-manager.io"},
+        "metadata": {"name": f"{plural}.{group}"},
         "spec": {
-            "group": "cert-manager.io",
+            "group": group,
             "scope": "Namespaced",
             "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
             "versions": [
@@ -71,7 +73,11 @@ CERT_MANAGER_CRDS = [
             ],
         },
     }
-    for kind, plural in (("Certificate", "certificates"), ("Issuer", "issuers"))
+    for group, kind, plural in (
+        ("cert-manager.io", "Certificate", "certificates"),
+        ("cert-manager.io", "Issuer", "issuers"),
+        ("monitoring.coreos.com", "ServiceMonitor", "servicemonitors"),
+    )
 ]
 
 
@@ -87,8 +93,16 @@ def test_committed_plain_manifests_match_the_chart() -> None:
 
 @pytest.mark.parametrize(
     "values",
-    [[], ["--set", "simulate.enabled=true,webhook.enabled=true,webhook.certManager.enabled=true"]],
-    ids=["defaults", "simulated-webhook"],
+    [
+        [],
+        ["--set", "simulate.enabled=true,webhook.enabled=true,webhook.certManager.enabled=true"],
+        [
+            "--set",
+            "metrics.enabled=true,metrics.serviceMonitor.enabled=true,"
+            "metrics.grafanaDashboard.enabled=true",
+        ],
+    ],
+    ids=["defaults", "simulated-webhook", "metrics"],
 )
 def test_chart_passes_helm_lint(values: list[str]) -> None:
     proc = subprocess.run(
@@ -133,6 +147,13 @@ VARIANTS: dict[str, dict[str, str | bool | int]] = {
         "kubeletPlugin.driverRoot": "/run/nvidia/driver",
     },
     "webhook-cert-manager": {"webhook.enabled": True, "webhook.certManager.enabled": True},
+    "metrics": {
+        "metrics.enabled": True,
+        "metrics.serviceMonitor.enabled": True,
+        "metrics.grafanaDashboard.enabled": True,
+        "webhook.enabled": True,
+        "webhook.certManager.enabled": True,
+    },
 }
 
 

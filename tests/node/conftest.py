@@ -91,12 +91,24 @@ def driver(
     cluster: Cluster, real_nodes: dict[str, Node], kube: Kube, request: pytest.FixtureRequest
 ) -> Iterator[Driver]:
     any_node = next(iter(real_nodes.values()))
+    ports = dict(
+        zip(["controller", *real_nodes], procs.free_ports(len(real_nodes) + 1), strict=True)
+    )
+
+    def metrics_flag(name: str) -> tuple[str, str]:
+        return ("--metrics-address", f"127.0.0.1:{ports[name]}")
+
     controller = controller_process(
-        kubeconfig=cluster.kubeconfig, log_path=any_node.paths.logs / "controller.log"
+        kubeconfig=cluster.kubeconfig,
+        log_path=any_node.paths.logs / "controller.log",
+        extra=metrics_flag("controller"),
     )
     plugins = {
         name: PluginProcess.for_node(
-            node, kubeconfig=cluster.kubeconfig, profile=NODE_PROFILES[name]
+            node,
+            kubeconfig=cluster.kubeconfig,
+            profile=NODE_PROFILES[name],
+            extra=metrics_flag(name),
         )
         for name, node in real_nodes.items()
     }
@@ -105,7 +117,7 @@ def driver(
         controller.start()
         for plugin in plugins.values():
             plugin.start()
-        drv = Driver(controller, plugins)
+        drv = Driver(controller, plugins, ports)
         drv.wait_ready(kube)
         print(f"[driver] published in {time.monotonic() - started:.1f}s", file=sys.stderr)
         yield drv

@@ -18,6 +18,7 @@ import pynvml
 import pytest
 from nvml_fakes import FakeGpu, FakeMig, FakeNvml
 
+from dra_gpu import metrics
 from dra_gpu.devices import migprofiles, naming
 from dra_gpu.devices.model import Version
 from dra_gpu.devices.nvml import NvmlBackend
@@ -192,3 +193,20 @@ def test_pcie_root_from_sysfs(fake: FakeNvml, tmp_path: Path) -> None:
     (links / "0000:00:06.0").symlink_to(real)
     (gpu,) = NvmlBackend(nvml=fake, sysfs_root=tmp_path).discover().gpus
     assert gpu.pcie_root == "pci0000:00"
+
+
+def test_every_call_is_reported_with_its_outcome(fake: FakeNvml) -> None:
+    three_gpus(fake)
+    fake.fail[("nvmlDeviceGetUUID", 1)] = pynvml.NVML_ERROR_GPU_IS_LOST
+    fake.hang.add(("nvmlDeviceGetName", 2))
+    m = metrics.PluginMetrics()
+    NvmlBackend(nvml=fake, call_timeout_s=0.2, observe=m.nvml_call).discover()
+
+    def value(name: str, **labels: str) -> float | None:
+        return m.registry.get_sample_value(name, labels)
+
+    failures = "dra_gpu_plugin_nvml_call_failures_total"
+    assert value(failures, function="nvmlDeviceGetUUID", reason="error") == 1
+    assert value(failures, function="nvmlDeviceGetName", reason="timeout") == 1
+    observed = value("dra_gpu_plugin_nvml_call_duration_seconds_count", function="nvmlInit")
+    assert observed == fake.calls.count("nvmlInit") == 1

@@ -1,0 +1,162 @@
+"""Metrics and failure Events without a cluster: the address flag, what a prepare call adds to
+the series, bounded labels, and one Event per failure on the claim and each pod it serves."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_gpu import metrics
+from dra_gpu.plugin import events
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", None),
+        ("127.0.0.1:9090", ("127.0.0.1", 9090)),
+        (":8080", ("0.0.0.0", 8080)),
+        ("[::1]:9090", ("::1", 9090)),
+    ],
+)
+def test_metrics_address(text: str, expected: tuple[str, int] | None) -> None:
+    assert metrics.parse_address(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9090", "host:", "host:http", "host:70000"])
+def test_bad_metrics_address_is_named(text: str) -> None:
+    with pytest.raises(metrics.AddressError, match="HOST:PORT"):
+        metrics.parse_address(text)
+
+
+@dataclass(frozen=True)
+class Ref:
+    uid: str
+    namespace: str = "ns"
+    name: str = "c"
+
+
+@dataclass(frozen=True)
+class Result:
+    error: str = ""
+    kind: str = ""
+
+
+class Handler:
+    def prepare(self, refs: Sequence[Any]) -> Mapping[Any, Any]:
+        return {r.uid: Result("bad", "PlanError") if r.uid == "bad" else Result() for r in refs}
+
+    def unprepare(self, refs: Sequence[Any]) -> Mapping[Any, str]:
+        return {r.uid: "" for r in refs}
+
+
+def sample(m: metrics.PluginMetrics, name: str, **labels: str) -> float | None:
+    return m.registry.get_sample_value(name, labels)
+
+
+def test_prepare_calls_and_claims_are_counted_by_result_and_kind() -> None:
+    m = metrics.PluginMetrics()
+    handler = m.measured(Handler())
+    handler.prepare([Ref("a"), Ref("bad")])
+    handler.unprepare([Ref("a")])
+    assert sample(m, "dra_gpu_plugin_calls_total", operation="prepare") == 1
+    ok = {"operation": "prepare", "result": "ok", "error_kind": ""}
+    assert sample(m, "dra_gpu_plugin_claims_total", **ok) == 1
+    failed = {"operation": "prepare", "result": "error", "error_kind": "PlanError"}
+    assert sample(m, "dra_gpu_plugin_claims_total", **failed) == 1
+    assert sample(m, "dra_gpu_plugin_call_duration_seconds_count", operation="unprepare") == 1
+    assert sample(m, "dra_gpu_plugin_calls_in_flight", operation="prepare") == 0
+
+
+def test_webhook_kinds_are_bounded() -> None:
+    m = metrics.ControllerMetrics()
+    review = m.reviewer(lambda body: {"response": {"allowed": False}})
+    review({"request": {"kind": {"kind": "Secret-" + "x" * 50}}})
+    refused = {"kind": "other", "verdict": "refused"}
+    assert m.registry.get_sample_value("dra_gpu_webhook_reviews_total", refused) == 1
+
+
+class FakeClient:
+    def __init__(self, claim: dict[str, Any]) -> None:
+        self.claim = claim
+        self.posted: list[dict[str, Any]] = []
+
+    def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        if method == "GET":
+            return self.claim
+        self.posted.append(kw["body"])
+        return {}
+
+
+CLAIM: dict[str, Any] = {
+    "metadata": {"namespace": "ns", "name": "c", "uid": "bad"},
+    "status": {
+        "reservedFor": [
+            {"resource": "pods", "name": "p", "uid": "pod-uid"},
+            {"resource": "things", "apiGroup": "example.com", "name": "t", "uid": "t"},
+        ]
+    },
+}
+
+
+def test_failure_is_an_event_on_the_claim_and_its_pods_once() -> None:
+    client = FakeClient(CLAIM)
+    handler = events.FailureEvents(Handler(), client, node_name="n1")  # type: ignore[arg-type]
+    for _ in range(3):
+        handler.prepare([Ref("bad"), Ref("a")])
+    handler.close()
+    involved = [(e["involvedObject"]["kind"], e["involvedObject"]["uid"]) for e in client.posted]
+    assert involved == [("ResourceClaim", "bad"), ("Pod", "pod-uid")]
+    assert all(e["reason"] == "PrepareFailed" and "n1" in e["message"] for e in client.posted)
+
+
+def test_claim_replaced_since_is_named_as_the_kubelet_asked() -> None:
+    other = {**CLAIM, "metadata": {**CLAIM["metadata"], "uid": "someone-else"}}
+    client = FakeClient(other)
+    handler = events.FailureEvents(Handler(), client, node_name="n1")  # type: ignore[arg-type]
+    handler.prepare([Ref("bad")])
+    handler.close()
+    assert [e["involvedObject"]["uid"] for e in client.posted] == ["bad"]
+
+
+DASHBOARD = (
+    Path(__file__).resolve().parents[2]
+    / "manifests"
+    / "helm"
+    / "dra-gpu"
+    / "dashboards"
+    / "dra-gpu.json"
+)
+
+
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+
+
+def exported_names() -> set[str]:
+    """Every series name the plugin and the controller can export."""
+    plugin, controller = metrics.PluginMetrics(), metrics.ControllerMetrics()
+    plugin.watch_state(prepared=lambda: (0, 0), published=lambda: [("gpu", "HEALTHY")])
+    return {
+        family.name + suffix
+        for registry in (plugin.registry, controller.registry)
+        for family in registry.collect()
+        for suffix in SUFFIXES[family.type]
+    }
+
+
+def test_dashboard_queries_only_series_that_exist() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bdra_gpu_[a-z_]+", target["expr"])
+    }
+    exported = exported_names()
+    assert used and not used - exported, used - exported
