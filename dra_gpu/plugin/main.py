@@ -45,9 +45,17 @@ def device_state(
     client: KubeClient,
     inventory: Callable[[], Mapping[str, Device]],
 ) -> DeviceState:
-    """The prepare/unprepare state of this node (restored when the DRA server registers)."""
-    from dra_gpu.plugin import dra_service
+    """The prepare/unprepare state of this node (restored when the DRA server registers).
 
+    Only instances of a rolling update share the node with another instance: there the calls
+    are serialized across processes by the node-wide call lock. A lone instance runs claims
+    concurrently; prepare's per-claim locks and the checkpoint's file lock keep that safe.
+    """
+    import contextlib
+
+    from dra_gpu.plugin import call_lock, dra_service
+
+    lock_path = plugin_settings.socket_paths(settings).lock
     return dra_service.make_state(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
@@ -58,6 +66,11 @@ def device_state(
         host_driver_root=PurePosixPath(settings.host_driver_root),
         inventory=inventory,
         client=client,
+        call_lock=(
+            (lambda: call_lock.held(lock_path))
+            if settings.rolling_update
+            else contextlib.nullcontext
+        ),
     )
 
 

@@ -2,8 +2,9 @@
 
 Start order (each step needs the one before):
 1. Publisher (its API round trips overlap with the rest of start-up).
-2. DRA server on the DRA socket: DRAPlugin v1 + v1beta1 (calls serialized by the node-wide
-   file lock), DRAResourceHealth v1 + v1alpha1, grpc.health.v1.
+2. DRA server on the DRA socket: DRAPlugin v1 + v1beta1 (in rolling-update mode, serialized
+   by the node-wide file lock: see ``main.device_state``), DRAResourceHealth v1 + v1alpha1,
+   grpc.health.v1.
 3. Registration server on the registry socket. It must come last: the kubelet connects to the
    DRA endpoint as soon as registration succeeds.
 4. HTTP /healthz, when a port is configured.
@@ -26,7 +27,6 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent import futures
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -34,7 +34,6 @@ from dra_gpu import slices
 from dra_gpu.devices.model import Device
 from dra_gpu.pb import pluginregistration_v1_pb2_grpc
 from dra_gpu.plugin import (
-    call_lock,
     device_health,
     grpc_health,
     healthz,
@@ -153,16 +152,7 @@ class NodePlugin:
         log.info("listening on %s", path)
 
     def _start_dra_server(self) -> grpc.Server:
-        # Only instances of a rolling update share the node with another instance: there the
-        # calls are serialized across processes. A lone instance runs claims concurrently;
-        # prepare's per-claim locks and the checkpoint's file lock keep that safe.
-        interceptors: list[grpc.ServerInterceptor[Any, Any]] = (
-            [call_lock.SerializeDraCalls(self._paths.lock)] if self._settings.rolling_update else []
-        )
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"),
-            interceptors=interceptors,
-        )
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"))
         self._register_dra(server)
         device_health.add_to_server(server, self.health)
         server.add_generic_rpc_handlers((grpc_health.handler(lambda: self.problem() is None),))
