@@ -47,15 +47,14 @@ def device_state(
 ) -> DeviceState:
     """The prepare/unprepare state of this node (restored when the DRA server registers).
 
-    Only instances of a rolling update share the node with another instance: there the calls
-    are serialized across processes by the node-wide call lock. A lone instance runs claims
-    concurrently; prepare's per-claim locks and the checkpoint's file lock keep that safe.
+    Only instances of a rolling update share the node with another instance: there the
+    node-wide call lock keeps the two apart. Within an instance claims run concurrently;
+    prepare's per-claim locks and the checkpoint's file lock keep that safe.
     """
     import contextlib
 
     from dra_gpu.plugin import call_lock, dra_service
 
-    lock_path = plugin_settings.socket_paths(settings).lock
     return dra_service.make_state(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
@@ -67,7 +66,7 @@ def device_state(
         inventory=inventory,
         client=client,
         call_lock=(
-            (lambda: call_lock.held(lock_path))
+            call_lock.NodeCallLock(plugin_settings.socket_paths(settings).lock)
             if settings.rolling_update
             else contextlib.nullcontext
         ),
