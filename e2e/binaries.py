@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,24 +321,35 @@ def recorded_build_seconds(component: str, versions: Versions) -> float | None:
     return None
 
 
-def _build_step(step: BuildStep, versions: Versions, *, log: Log) -> None:
-    version = versions.etcd if step.module == "etcd" else versions.k8s
-    out = component_dir(step.components[0], versions)
+def build_missing(
+    out: Path,
+    names: Sequence[str],
+    *,
+    src: Callable[[], Path],
+    argv: Callable[[Path, Sequence[str]], list[str]],
+    env: Mapping[str, str],
+    label: str,
+    log: Log,
+) -> None:
+    """Build those of ``names`` not yet executable in ``out``, under its build lock.
+
+    ``src()`` gives the module directory (resolved only once a build is needed);
+    ``argv(tmp, todo)`` the ``go build`` command writing ``todo`` into ``tmp``, whose files are
+    then moved into ``out`` one by one (see the module docstring).
+    """
     with build_lock(out):
-        todo = missing(step.components, versions)
+        todo = [n for n in names if not os.access(out / n, os.X_OK)]
         if not todo:
             return
-        step = BuildStep(tuple(todo), step.module, step.cgo)
         for stale in out.glob(".build-*"):  # left by a build that was killed; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
-        src = module_dir(step.module, version, log=log)
+        module = src()
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
-        env = {**os.environ, "CGO_ENABLED": "1" if step.cgo else "0"}
-        label = f"{', '.join(todo)} {version}"
-        log(f"[build] building {label} (cgo={'on' if step.cgo else 'off'}) from {src}")
+        label = f"{', '.join(todo)} {label}"
+        log(f"[build] building {label} from {module}")
         start = time.monotonic()
         try:
-            run_go(go_build_argv(step, tmp, versions), cwd=src, env=env, log=log, label=label)
+            run_go(argv(tmp, todo), cwd=module, env=dict(env), log=log, label=label)
             for name in todo:
                 os.replace(tmp / name, out / name)
         finally:
@@ -346,6 +357,21 @@ def _build_step(step: BuildStep, versions: Versions, *, log: Log) -> None:
         elapsed = time.monotonic() - start
         record_build(out, todo, elapsed)
         log(f"[build] built {label} in {_fmt(elapsed)} -> {out}")
+
+
+def _build_step(step: BuildStep, versions: Versions, *, log: Log) -> None:
+    version = versions.etcd if step.module == "etcd" else versions.k8s
+    build_missing(
+        component_dir(step.components[0], versions),
+        step.components,
+        src=lambda: module_dir(step.module, version, log=log),
+        argv=lambda tmp, todo: go_build_argv(
+            BuildStep(tuple(todo), step.module, step.cgo), tmp, versions
+        ),
+        env={**os.environ, "CGO_ENABLED": "1" if step.cgo else "0"},
+        label=f"{version} (cgo={'on' if step.cgo else 'off'})",
+        log=log,
+    )
 
 
 def ensure(
