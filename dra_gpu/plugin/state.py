@@ -6,19 +6,20 @@ Prepare, per claim (claims of one call are independent: each gets its own result
    (idempotent, and no API call, so a repeated prepare works while the API server is down).
 2. Fetch the claim (:class:`ClaimFetcher`), plan it (:func:`plan.plan_claim`: UID, allocation,
    driver, pool, devices, config) and build its CDI spec: all pure, nothing written yet.
-3. Record ``PrepareStarted`` (refused if a device is held by another claim and not shared);
-   write the CDI spec; record ``PrepareCompleted`` durably; answer.
+3. Write the CDI spec; record ``PrepareCompleted`` durably (refused, and the spec removed, if a
+   device is held by another claim and not shared); answer.
 
 Unprepare: remove the CDI spec, then drop the record durably. An unknown claim is success.
 
 Crash safety follows from that order, checked on :meth:`DeviceState.start`:
-a ``PrepareStarted`` record is a prepare the kubelet never got an answer for, so it is rolled
-back (spec removed, record dropped) and the kubelet's retry starts over; a completed claim whose
-spec is missing (or any completed claim after a reboot, i.e. a new boot ID, since /var/run is
-gone) gets its spec rebuilt from the record; a spec file of ours without a record is garbage of an
-interrupted prepare or unprepare and is removed, except after a corrupt checkpoint, when nothing
-is known and nothing is deleted. A corrupt checkpoint is reported (log and the injected
-``report``, which the process main turns into a Node event) and the plugin keeps serving.
+a spec file of ours without a record is garbage of an interrupted prepare (the kubelet never
+got an answer and retries) or unprepare, and is removed, except after a corrupt checkpoint, when
+nothing is known and nothing is deleted; a ``PrepareStarted`` record (earlier releases wrote one
+before the spec) is such an interrupted prepare too, and is rolled back (spec removed, record
+dropped); a completed claim whose spec is missing (or any completed claim after a reboot, i.e. a
+new boot ID, since /var/run is gone) gets its spec rebuilt from the record. A corrupt checkpoint
+is reported (log and the injected ``report``, which the process main turns into a Node event)
+and the plugin keeps serving.
 
 Concurrency: calls run on gRPC worker threads. The same claim is serialized by a per-claim lock;
 different claims run in parallel; the checkpoint's group commit makes the check for conflicting
@@ -64,7 +65,6 @@ from dra_gpu.plugin.records import PreparedDevice
 log = logging.getLogger(__name__)
 
 FAULT_STEPS: Final = (
-    "after-checkpoint-started",
     "after-cdi-written",
     "after-checkpoint-completed",
     "unprepare-after-cdi-removed",
@@ -252,13 +252,11 @@ class DeviceState:
         spec = cdi.build_spec(
             claim_uid=ref.uid, claim_ref=str(ref), devices=devices, node=self._node(devices)
         )
-        self.store.update(self._record_started(plan), durable=False)
-        self._fault("after-checkpoint-started")
+        completed = records.claim_record(plan, state=PREPARE_COMPLETED)
         try:
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
             self._fault("after-cdi-written")
-            completed = records.claim_record(plan, state=PREPARE_COMPLETED)
-            self.store.update(lambda cp: cp.with_claim(ref.uid, completed), durable=True)
+            self.store.update(self._record_completed(plan, completed), durable=True)
         except Exception:
             self._roll_back(ref.uid)
             raise
@@ -266,7 +264,10 @@ class DeviceState:
         log.info("prepared %s (%s): %s", ref, ref.uid, ", ".join(d.cdi.name for d in plan.devices))
         return records.prepared_devices(completed)
 
-    def _record_started(self, plan: ClaimPlan) -> Callable[[Checkpoint], Checkpoint]:
+    def _record_completed(
+        self, plan: ClaimPlan, record: ClaimRecord
+    ) -> Callable[[Checkpoint], Checkpoint]:
+        """The record, refused if a device is held by another claim and not shared."""
         uid = plan.ref.uid
 
         def mutate(checkpoint: Checkpoint) -> Checkpoint:
@@ -277,7 +278,7 @@ class DeviceState:
                     why = records.conflicts(planned, other_uid=other_uid, other=other)
                     if why is not None:
                         raise PlanError(f"claim {plan.ref}: {why}")
-            return checkpoint.with_claim(uid, records.claim_record(plan, state=PREPARE_STARTED))
+            return checkpoint.with_claim(uid, record)
 
         return mutate
 
