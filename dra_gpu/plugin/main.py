@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 from dra_gpu.plugin import settings as plugin_settings
 
 if TYPE_CHECKING:
+    import grpc
+
     from dra_gpu.devices.model import Device
     from dra_gpu.kube.client import KubeClient
     from dra_gpu.plugin.state import DeviceState
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     from dra_gpu.kube import errors
     from dra_gpu.kube.client import connect
-    from dra_gpu.plugin import checkpoint, dra_service, inventory, node_plugin, slice_api, sockets
+    from dra_gpu.plugin import inventory, node_plugin, slice_api, sockets
 
     try:
         backend = inventory.backend_for(
@@ -117,15 +119,26 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
     # Prepare looks devices up in the latest inventory (it may change while the plugin runs).
     current = {d.name: d for d in devices}
-    state = device_state(settings, client=client, inventory=lambda: current)
+    state: DeviceState | None = None
+
+    def register_dra(server: grpc.Server) -> None:
+        # The prepare side is imported and built here, once the publisher runs: its modules
+        # (pydantic, the checkpoint models) take longer to load than publishing takes, and
+        # publishing needs none of them.
+        nonlocal state
+        from dra_gpu.plugin import dra_service
+
+        state = device_state(settings, client=client, inventory=lambda: current)
+        dra_service.registrar(state)(server)
+
     plugin = node_plugin.NodePlugin(
-        settings, store=store, devices=devices, register_dra=dra_service.registrar(state)
+        settings, store=store, devices=devices, register_dra=register_dra
     )
 
     def set_devices(new: Sequence[Device]) -> None:
         nonlocal current
         current = {d.name: d for d in new}
-        plugin.set_devices(new, in_use=state.prepared_devices())
+        plugin.set_devices(new, in_use=state.prepared_devices() if state else None)
 
     log.info(
         "starting: node %s, driver %s, %d devices%s",
@@ -152,7 +165,11 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     except (sockets.SocketError, OSError) as err:
         log.error("cannot serve: %s", err)
         return 1
-    except checkpoint.CheckpointError as err:
+    except Exception as err:
+        from dra_gpu.plugin.checkpoint import CheckpointError  # loaded by then (register_dra)
+
+        if not isinstance(err, CheckpointError):
+            raise
         # E.g. a checkpoint written by a newer release: refuse to start, touch nothing.
         log.error("cannot start: %s", err)
         return 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -324,6 +325,31 @@ def test_single_instance_calls_do_not_wait_for_the_lock(
             dra_v1_pb2.NodePrepareResourcesRequest(), timeout=TIMEOUT_S
         )
         assert reply is not None
+
+
+def test_checkpoint_of_a_newer_release_stops_the_start(
+    short_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The prepare side is loaded only once the publisher runs; its refusal still ends the start.
+    (short_root / "state").mkdir()
+    checkpoint = short_root / "state" / "checkpoint.json"
+    checkpoint.write_text('{"version": 99, "compatible_version": 99, "claims": {}}')
+    kubeconfig = short_root / "kc"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:9', "
+        "insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    settings = make_settings(
+        short_root,
+        *("--state-dir", str(short_root / "state"), "--simulate", "h200x8"),
+        *("--kubeconfig", str(kubeconfig)),
+    )
+    assert plugin_main.serve(settings, threading.Event()) == 1
+    assert any("needs a plugin that reads schema 99" in r.getMessage() for r in caplog.records)
+    assert checkpoint.read_text().startswith('{"version": 99'), "the file is left as it was"
 
 
 def test_stop_removes_both_sockets(start_plugin: Any, short_root: Path) -> None:
