@@ -9,6 +9,7 @@ so ``dra-gpu --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -160,6 +161,10 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         )
         if watcher is not None:
             watcher.start(plugin.stop_event)
+        # Start-up is over: what it allocated (modules, inventory, settings) lives as long as the
+        # process. Frozen, it is no longer walked by every full garbage collection (20-35 ms on a
+        # busy 2-core node, charged to whichever DRA call set it off).
+        gc.freeze()
         while not stop.wait(0.5):
             pass
     except (sockets.SocketError, OSError) as err:
