@@ -11,7 +11,9 @@ Set-up (not timed): one local control plane (``e2e.cluster.Cluster``) with the r
 one node per plugin with 64 devices (dra-gpu: 64 simulated H200; the reference:
 ``--num-devices 64``, client QPS limit raised so it is not throttled); per node 64 pods whose
 claim asks for one device, allocated by the scheduler. The benchmark acts as the kubelet over
-each plugin's DRA socket with the same gRPC client (``bench/prepare.py``).
+each plugin's DRA socket with the same gRPC client (``bench/prepare.py``). Both log at the
+level they are deployed with (dra-gpu INFO: two lines per prepare + unprepare cycle; the
+reference at its default verbosity: four).
 
 Each pass measures both plugins, the order alternating between passes. Per plugin and pass:
 
@@ -100,7 +102,7 @@ class Subject:
 def dra_gpu(cluster: Cluster, node: str, profile: Path) -> Subject:
     def command(root: Path, pod_uid: str | None) -> tuple[list[str], Path]:
         dirs = PluginDirs.under(root)
-        extra = ["--log-level", "WARNING"] + (["--pod-uid", pod_uid] if pod_uid else [])
+        extra = ["--pod-uid", pod_uid] if pod_uid else []
         argv = plugin_argv(
             node_name=node,
             kubeconfig=cluster.kubeconfig,
