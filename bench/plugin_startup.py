@@ -44,14 +44,17 @@ def rss_mib(pid: int) -> float:
 
 
 class SliceWatch:
-    """Records when the node's pool first shows ``DEVICES`` devices (a watch, not polling)."""
+    """Records when the node's pool first shows ``devices`` devices (a watch, not polling)."""
 
-    def __init__(self, api: Any, node: str) -> None:
+    def __init__(
+        self, api: Any, node: str, *, driver: str = DRIVER_NAME, devices: int = DEVICES
+    ) -> None:
         from kubernetes import client
 
         self._api = api
         self._resource = client.ResourceV1Api(api)
-        self._selector = f"spec.nodeName={node},spec.driver={DRIVER_NAME}"
+        self._selector = f"spec.nodeName={node},spec.driver={driver}"
+        self._devices = devices
         self.seen_at: float | None = None
         self._done = threading.Event()
 
@@ -81,7 +84,8 @@ class SliceWatch:
             timeout_seconds=60,
         ):
             obj = event["object"]
-            if event["type"] in ("ADDED", "MODIFIED") and len(obj.spec.devices or []) == DEVICES:
+            published = len(obj.spec.devices or [])
+            if event["type"] in ("ADDED", "MODIFIED") and published == self._devices:
                 self.seen_at = time.monotonic()
                 self._done.set()
                 w.stop()

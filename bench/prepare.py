@@ -128,8 +128,9 @@ def servers(cluster: Cluster, node: str, root: Path, kind: str) -> Iterator[Path
         procs.stop_many(started)
 
 
-def make_claims(cluster: Cluster, node: str) -> list[Any]:
-    """64 pods with one MIG claim each, scheduled; returns their claims as v1 Claim messages."""
+def make_claims(cluster: Cluster, node: str, device_class: str = classes.MIG_CLASS) -> list[Any]:
+    """64 pods on ``node`` (in the namespace of that name) with a claim for one device of
+    ``device_class`` each, scheduled; returns their claims as v1 Claim messages."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -140,9 +141,9 @@ def make_claims(cluster: Cluster, node: str) -> list[Any]:
             resource.create_device_class(desired.body())
     ns = node
     cluster.create_namespace(ns)
-    request = {"name": "mig", "exactly": {"deviceClassName": classes.MIG_CLASS, "count": 1}}
+    request = {"name": "dev", "exactly": {"deviceClassName": device_class, "count": 1}}
     template = {
-        "metadata": {"name": "one-mig"},
+        "metadata": {"name": "one-device"},
         "spec": {"spec": {"devices": {"requests": [request]}}},
     }
     resource.create_namespaced_resource_claim_template(ns, template)
@@ -150,7 +151,7 @@ def make_claims(cluster: Cluster, node: str) -> list[Any]:
     spec = {
         "nodeSelector": {"kubernetes.io/hostname": node},
         "containers": [container],
-        "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "one-mig"}],
+        "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "one-device"}],
     }
     for i in range(CLAIMS):
         core.create_namespaced_pod(ns, {"metadata": {"name": f"p{i}"}, "spec": spec})
@@ -196,11 +197,19 @@ def latency(socket: Path, claims: Sequence[Any], samples: int) -> tuple[list[flo
     return prepare, unprepare
 
 
-def throughput(socket: Path, claims: Sequence[Any]) -> float:
+def at_once(socket: Path, claims: Sequence[Any], method: str = "prepare") -> float:
+    """One ``method`` call per claim, all sent at once from as many threads; claims/s.
+
+    The other half of the cycle (unprepare after a timed prepare, prepare before a timed
+    unprepare) runs one call at a time, off the clock.
+    """
     channels = [grpc.insecure_channel(f"unix://{socket}") for _ in claims]
     stubs = [dra_v1_pb2_grpc.DRAPluginStub(c) for c in channels]
     for stub in stubs:  # connect before the clock starts
         stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=30)
+    if method == "unprepare":
+        for stub, claim in zip(stubs, claims, strict=True):
+            call(stub, "prepare", claim)
     barrier = threading.Barrier(len(claims) + 1)
     ends: list[float] = []
     errors: list[BaseException] = []
@@ -208,7 +217,7 @@ def throughput(socket: Path, claims: Sequence[Any]) -> float:
     def run(stub: Any, claim: Any) -> None:
         barrier.wait()
         try:
-            call(stub, "prepare", claim)
+            call(stub, method, claim)
         except BaseException as exc:
             errors.append(exc)
         ends.append(time.perf_counter())
@@ -221,12 +230,13 @@ def throughput(socket: Path, claims: Sequence[Any]) -> float:
     for t in threads:
         t.join()
     elapsed = max(ends) - start
-    for stub, claim in zip(stubs, claims, strict=True):
-        call(stub, "unprepare", claim)
+    if method == "prepare":
+        for stub, claim in zip(stubs, claims, strict=True):
+            call(stub, "unprepare", claim)
     for c in channels:
         c.close()
     if errors:
-        raise RuntimeError(f"{len(errors)} prepares failed, first: {errors[0]}")
+        raise RuntimeError(f"{len(errors)} {method} calls failed, first: {errors[0]}")
     return len(claims) / elapsed
 
 
@@ -276,7 +286,7 @@ def main() -> int:
             with servers(cluster, node, root, kind) as socket:
                 claims = claims or make_claims(cluster, node)
                 prep, unprep = latency(socket, claims, args.samples)
-                rates = [throughput(socket, claims) for _ in range(args.rounds)]
+                rates = [at_once(socket, claims) for _ in range(args.rounds)]
             report(kind, prep, unprep, rates)
     return 0
 

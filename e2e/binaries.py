@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -367,27 +367,61 @@ def recorded_build_seconds(component: str, versions: Versions) -> float | None:
     return recorded_seconds(component_dir(component, versions), [component])
 
 
-def _build_step(step: BuildStep, versions: Versions, *, log: Log) -> None:
-    version = versions.etcd if step.module == "etcd" else versions.k8s
-    out = component_dir(step.components[0], versions)
+def build_missing(
+    out: Path,
+    names: Sequence[str],
+    *,
+    src: Callable[[], Path],
+    argv: Callable[[Path, Sequence[str]], list[str]],
+    env: Mapping[str, str],
+    label: str,
+    log: Log,
+) -> None:
+    """Build those of ``names`` not yet executable in ``out``, under its build lock.
+
+    ``src()`` gives the module directory (resolved only once a build is needed);
+    ``argv(tmp, todo)`` the ``go build`` command writing ``todo`` into ``tmp``, whose files are
+    then moved into ``out`` one by one (see the module docstring). ``label`` (the version) follows
+    the names in the progress lines.
+    """
     with build_lock(out):
-        todo = missing(step.components, versions)
+        todo = [n for n in names if not os.access(out / n, os.X_OK)]
         if not todo:
             return
-        step = BuildStep(tuple(todo), step.module, step.cgo)
         for stale in out.glob(".build-*"):  # left by a build that was killed; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
-        src = module_dir(step.module, version, log=log)
+        module = src()
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
-        env = {**os.environ, "CGO_ENABLED": "1" if step.cgo else "0"}
-        label = f"{', '.join(todo)} {version}"
-        argv = go_build_argv(step, tmp, versions)
+        label = f"{', '.join(todo)} {label}"
         try:
-            go_build(argv, directory=out, components=todo, cwd=src, env=env, log=log, label=label)
+            go_build(
+                argv(tmp, todo),
+                directory=out,
+                components=todo,
+                cwd=module,
+                env=dict(env),
+                log=log,
+                label=label,
+            )
             for name in todo:
                 os.replace(tmp / name, out / name)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_step(step: BuildStep, versions: Versions, *, log: Log) -> None:
+    version = versions.etcd if step.module == "etcd" else versions.k8s
+    build_missing(
+        component_dir(step.components[0], versions),
+        step.components,
+        src=lambda: module_dir(step.module, version, log=log),
+        argv=lambda tmp, todo: go_build_argv(
+            BuildStep(tuple(todo), step.module, step.cgo), tmp, versions
+        ),
+        env={**os.environ, "CGO_ENABLED": "1" if step.cgo else "0"},
+        label=version,
+        log=log,
+    )
 
 
 def ensure(

@@ -1,56 +1,82 @@
-"""One DRA call at a time on a node, across every instance of the plugin (rolling update).
+"""One instance of the plugin at a time on a node works on claims (rolling update).
 
 During a rolling update two plugin instances serve the same node; the kubelet may send
 prepare to one and unprepare to the other. A ``flock`` on a file in the plugin data directory,
-which both instances share, serializes those calls (:func:`held`, i.e.
-:func:`dra_gpu.plugin.atomicfile.locked`, which also serializes threads of one process).
+which both instances share, keeps them apart: :class:`NodeCallLock`, held by
+``state.DeviceState`` around each call's transaction (``main.device_state`` gives it one in
+rolling-update mode); the claims are read from the API before it is taken.
 
-The lock is applied by a server interceptor to every method of the DRA services, so the DRA
-adapter itself needs no knowledge of it. Start-up recovery holds it too (``node_plugin``): a new
-instance must not mistake the other instance's call in progress for a crash's leftovers.
+Between processes the lock is exclusive; the threads of one instance share it. Within an
+instance concurrent calls are already safe (per-claim locks, the checkpoint's group commit), as
+they are for a lone instance, so a burst of calls to one instance runs in parallel and commits
+its checkpoint writes together, instead of one fsynced call at a time. The other instance waits
+until this one has no call left in its locked section.
+
+:func:`held` (:func:`dra_gpu.plugin.atomicfile.locked`) takes the same file exclusively for one
+block, against the threads of its own process too: its own open file description conflicts with
+the one :class:`NodeCallLock` holds. Start-up recovery holds it (``node_plugin``), so no DRA call
+of either instance runs during recovery, and a new instance does not mistake the other
+instance's call in progress for a crash's leftovers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import grpc
 
 from dra_gpu.plugin.atomicfile import locked as held
 
-__all__ = ["DRA_SERVICE_PREFIX", "SerializeDraCalls", "held"]
-
-DRA_SERVICE_PREFIX = "/k8s.io.kubelet.pkg.apis.dra."
+__all__ = ["NodeCallLock", "held"]
 
 
-class SerializeDraCalls(grpc.ServerInterceptor):  # type: ignore[type-arg]
-    """Wraps the unary DRA methods so each runs while holding the node-wide lock."""
+class NodeCallLock:
+    """``with lock():`` holds the node-wide lock file, shared with this process's threads."""
 
-    def __init__(self, lock_path: Path) -> None:
-        self._lock_path = lock_path
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._cond = threading.Condition()
+        self._users = 0
+        self._acquiring = False
+        self._fd: int | None = None
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or not method.startswith(DRA_SERVICE_PREFIX):
-            return handler
-        inner = handler.unary_unary
-        if inner is None:
-            return handler
-        lock_path = self._lock_path
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        self._enter()
+        try:
+            yield
+        finally:
+            self._exit()
 
-        def locked(request: Any, context: grpc.ServicerContext) -> Any:
-            with held(lock_path):
-                return inner(request, context)
+    def _enter(self) -> None:
+        with self._cond:
+            while self._acquiring:  # another thread is waiting for the file: join it
+                self._cond.wait()
+            if self._users:
+                self._users += 1
+                return
+            self._acquiring = True
+        fd: int | None = None
+        try:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits for the other instance, not for our threads
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            with self._cond:
+                self._acquiring = False
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._fd, self._users, self._acquiring = fd, 1, False
+            self._cond.notify_all()
 
-        return grpc.unary_unary_rpc_method_handler(
-            locked,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+    def _exit(self) -> None:
+        with self._cond:
+            self._users -= 1
+            if self._users == 0 and self._fd is not None:
+                os.close(self._fd)  # closing releases the lock
+                self._fd = None

@@ -16,6 +16,7 @@ socket (no registration, no ResourceSlices): the crash tests and the prepare ben
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -36,7 +37,7 @@ from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1
 from dra_gpu.plugin import claims, faults
 from dra_gpu.plugin.ids import ClaimUID
 from dra_gpu.plugin.plan import ClaimRef
-from dra_gpu.plugin.state import DeviceState, PrepareResult, StateSettings
+from dra_gpu.plugin.state import CallLock, DeviceState, PrepareResult, StateSettings
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ def make_state(
     client: KubeClient,
     env: Mapping[str, str] = os.environ,
     host_driver_root: PurePosixPath | None = None,
+    call_lock: CallLock = contextlib.nullcontext,
 ) -> DeviceState:
     """The prepare handler as the plugin process runs it (faults from ``DRA_GPU_FAULT``)."""
     return DeviceState(
@@ -138,6 +140,7 @@ def make_state(
         claims=claims.KubeClaimFetcher(client),
         fault=faults.from_env(env),
         report=claims.NodeEventReporter(client, node_name=node_name),
+        call_lock=call_lock,
     )
 
 

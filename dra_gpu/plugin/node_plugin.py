@@ -2,9 +2,10 @@
 
 Start order (each step needs the one before):
 1. Publisher (its API round trips overlap with the rest of start-up).
-2. DRA server on the DRA socket: restore the prepare state (under the node-wide file lock that
-   also serializes rolling-update instances' DRA calls), then DRAPlugin v1 + v1beta1,
-   DRAResourceHealth v1 + v1alpha1, grpc.health.v1.
+2. DRA server on the DRA socket: restore the prepare state (under the node-wide file lock,
+   exclusively: no DRA call of this or another instance runs meanwhile), then DRAPlugin v1 +
+   v1beta1 (in rolling-update mode, the calls' checkpoint and CDI work holds the same lock, see
+   ``main.device_state``), DRAResourceHealth v1 + v1alpha1, grpc.health.v1.
 3. Registration server on the registry socket. It must come last: the kubelet connects to the
    DRA endpoint as soon as registration succeeds.
 4. HTTP /healthz, when a port is configured.
@@ -27,7 +28,6 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -171,20 +171,12 @@ class NodePlugin:
         log.info("listening on %s", path)
 
     def _start_dra_server(self) -> grpc.Server:
-        # Only instances of a rolling update share the node with another instance: there the
-        # calls are serialized across processes. A lone instance runs claims concurrently;
-        # prepare's per-claim locks and the checkpoint's file lock keep that safe.
-        interceptors: list[grpc.ServerInterceptor[Any, Any]] = (
-            [call_lock.SerializeDraCalls(self._paths.lock)] if self._settings.rolling_update else []
-        )
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"),
-            interceptors=interceptors,
-        )
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"))
         # Start-up recovery (run by register_dra) rolls back PrepareStarted records and sweeps
         # temp files: in a rolling update, the other instance's call in progress looks exactly
-        # like a crash's leftovers. Recovery therefore takes its turn in the same node-wide
-        # order as every DRA call, so it only ever sees what a finished call left.
+        # like a crash's leftovers. Recovery therefore takes the node-wide lock exclusively
+        # (``held``: not shared with this instance's calls, unlike ``NodeCallLock``), so it only
+        # ever sees what a finished call left.
         with call_lock.held(self._paths.lock):
             self._register_dra(server)
         device_health.add_to_server(server, self.health)

@@ -32,7 +32,11 @@ there is space.
 
 Concurrency: calls run on gRPC worker threads. The same claim is serialized by a per-claim lock;
 different claims run in parallel; the checkpoint's group commit makes the check for conflicting
-devices and the record atomic, also against another plugin instance (rolling update).
+devices and the record atomic, also against another plugin instance (rolling update). During a
+rolling update each call also holds the node-wide call lock (``call_lock``) around steps 1 and 3;
+the claims are read from the API before it is taken (the GET is read-only and every check on the
+claim runs under the lock), so another instance waits for our locked work only, not for our API
+round trips.
 
 Fault injection for crash tests is a collaborator: ``fault(step)`` is called after each step in
 :data:`FAULT_STEPS`; the process main injects one that SIGKILLs itself (``faults.from_env``).
@@ -40,15 +44,16 @@ Fault injection for crash tests is a collaborator: ``fault(step)`` is called aft
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeGuard
 
 from dra_gpu.config import ConfigError
 from dra_gpu.devices.model import Device
@@ -87,6 +92,7 @@ class ClaimFetcher(Protocol):
 Inventory = Callable[[], Mapping[str, Device]]
 Fault = Callable[[str], None]
 Report = Callable[[str, str], None]  # (reason, message): a warning about this node
+CallLock = Callable[[], AbstractContextManager[object]]  # held around each call's transaction
 
 
 def _no_fault(step: str) -> None:
@@ -115,6 +121,23 @@ class PrepareResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
     kind: str = ""  # the error's class name: a bounded label for metrics and events
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    """A claim as read before the call lock: ``read`` False when the checkpoint already answered
+    it; ``claim`` None when the API server does not have it; ``error`` when reading failed (it
+    fails the claim only if the claim turns out to need the read)."""
+
+    read: bool
+    claim: Mapping[str, Any] | None = None
+    error: Exception | None = None
+
+
+def _answers(record: ClaimRecord | None) -> TypeGuard[ClaimRecord]:
+    """Whether the record answers a repeated prepare (no API read): completed with the full
+    facts, not adopted from a spec (that one is planned again to record them)."""
+    return record is not None and record.state == PREPARE_COMPLETED and not record.from_spec
 
 
 @dataclass(frozen=True)
@@ -164,8 +187,10 @@ class DeviceState:
         report: Report = _log_report,
         boot_id: Callable[[], str] = read_boot_id,
         store: CheckpointStore | None = None,
+        call_lock: CallLock = contextlib.nullcontext,
     ) -> None:
         self.settings = settings
+        self._call_lock = call_lock
         self._inventory = inventory
         self._claims = claims
         self._fault = fault
@@ -179,21 +204,44 @@ class DeviceState:
     # --- the kubelet's calls ------------------------------------------------------------------
 
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, PrepareResult]:
-        return dict(zip([r.uid for r in refs], self._each(self._prepare_one, refs), strict=True))
+        uids = [r.uid for r in refs]
+        fetched = dict(zip(uids, self._each(self._fetch, refs), strict=True))
+        with self._call_lock():
+            results = self._each(lambda r: self._prepare_one(r, fetched[r.uid]), refs)
+        return dict(zip(uids, results, strict=True))
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, str]:
         """Per claim UID an error message, "" on success."""
-        return dict(zip([r.uid for r in refs], self._each(self._unprepare_one, refs), strict=True))
+        with self._call_lock():
+            return dict(
+                zip([r.uid for r in refs], self._each(self._unprepare_one, refs), strict=True)
+            )
 
     def _each(self, fn: Callable[[ClaimRef], Any], refs: Sequence[ClaimRef]) -> list[Any]:
         if len(refs) <= 1:
             return [fn(r) for r in refs]
         return list(self._pool.map(fn, refs))
 
-    def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
+    def _fetch(self, ref: ClaimRef) -> _Fetched:
+        """Read the claim unless the checkpoint answers it; needs no lock (reads only)."""
+        try:
+            record = self.store.load().claims.get(ref.uid)
+        except (CheckpointError, OSError):  # met again, and handled, under the lock
+            record = None
+        if _answers(record):
+            return _Fetched(read=False)
+        try:
+            return _Fetched(read=True, claim=self._get(ref))
+        except Exception as exc:  # raised by _prepare_locked when it needs the claim
+            return _Fetched(read=True, error=exc)
+
+    def _get(self, ref: ClaimRef) -> Mapping[str, Any] | None:
+        return self._claims.get_claim(namespace=ref.namespace, name=ref.name)
+
+    def _prepare_one(self, ref: ClaimRef, fetched: _Fetched) -> PrepareResult:
         try:
             with self._locks.hold(ref.uid):
-                return PrepareResult(devices=self._prepare_locked(ref))
+                return PrepareResult(devices=self._prepare_locked(ref, fetched))
         except (PlanError, cdi.CDIError, ConfigError) as exc:
             # Someone must act (fix the claim, the node): the pod waits until then. A warning,
             # without a traceback: the message says all there is to say.
@@ -202,16 +250,19 @@ class DeviceState:
         except Exception as exc:
             return PrepareResult(error=self._unexpected("prepare", ref, exc), kind="Unexpected")
 
-    def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+    def _prepare_locked(self, ref: ClaimRef, fetched: _Fetched) -> tuple[PreparedDevice, ...]:
         record = self.store.load().claims.get(ref.uid)
-        if record is not None and record.state == PREPARE_COMPLETED and not record.from_spec:
+        if _answers(record):
             if not cdi.spec_path(self.settings.cdi_root, ref.uid).exists():
                 # Someone removed it since: the answer is only useful with the spec in place.
                 _, problems = self._restore_specs({ref.uid: record})
                 if problems:
                     raise cdi.CDIError(problems[0])
             return records.prepared_devices(record)
-        claim = self._claims.get_claim(namespace=ref.namespace, name=ref.name)
+        if fetched.error is not None:
+            raise fetched.error
+        # Not read when it was prepared; unprepared since (by the other instance): read it now.
+        claim = fetched.claim if fetched.read else self._get(ref)
         if claim is None:
             raise PlanError(f"claim {ref} not found in the API server")
         plan = plan_claim(

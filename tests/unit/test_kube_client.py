@@ -19,6 +19,7 @@ import json
 import os
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -49,9 +50,21 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.Pki:
     return certs.create_pki(directory)
 
 
+CONNECTIONS: list[int] = []  # one entry per connection the server accepted
+
+
 class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the API server does
+
+    def setup(self) -> None:
+        CONNECTIONS.append(1)
+        super().setup()
+
     def do_GET(self) -> None:
-        if self.path in FAILURES:
+        if self.path == "/slow":
+            time.sleep(0.2)  # long enough for every concurrent request to need a connection
+            self._send(200, {})
+        elif self.path in FAILURES:
             status, reason, message = FAILURES[self.path]
             self._send(status, {"kind": "Status", "reason": reason, "message": message})
         elif self.path.startswith("/watch"):
@@ -75,6 +88,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(201, json.loads(body), warnings=warnings)
 
     def _watch(self) -> None:
+        self.close_connection = True  # the stream ends when the connection does
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -277,6 +291,25 @@ def test_http_errors_carry_the_servers_message(token_config: Path, path: str) ->
     assert type(err) is type(errors.from_status(status, "", reason=reason))
     assert (err.status, err.reason, err.message) == (status, reason, message)
     assert str(err) == f"GET {path}: {message}"
+
+
+def test_concurrent_requests_keep_their_connections(
+    token_config: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As many requests at once as the plugin's DRA server runs calls: the second burst reuses
+    # the first one's connections instead of opening (and handshaking) new ones.
+    client = connect(token_config)
+    before = len(CONNECTIONS)
+    for _ in range(2):
+        threads = [
+            threading.Thread(target=client.request, args=("GET", "/slow")) for _ in range(16)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(CONNECTIONS) - before == 16
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
 
 
 def test_call_returns_the_servers_warnings(token_config: Path) -> None:

@@ -13,14 +13,17 @@ from __future__ import annotations
 import argparse
 import logging
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import urllib3
 from fake_slice_store import FakeSliceStore
 
+from dra_gpu.kube.client import KubeClient
 from dra_gpu.pb import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -36,12 +39,14 @@ from dra_gpu.pb import (
 from dra_gpu.plugin import (
     call_lock,
     device_health,
+    dra_service,
     grpc_health,
     inventory,
     node_plugin,
     slice_plan,
     sockets,
 )
+from dra_gpu.plugin import main as plugin_main
 from dra_gpu.plugin import settings as plugin_settings
 
 NODE = "node-a"
@@ -99,12 +104,14 @@ def start_plugin(short_root: Path) -> Iterator[Callable[..., node_plugin.NodePlu
     started: list[node_plugin.NodePlugin] = []
     devices = inventory.discover(inventory.backend_for(simulate="h200x8", node_name=NODE))
 
-    def start(*extra: str) -> node_plugin.NodePlugin:
+    def start(
+        *extra: str, register_dra: node_plugin.DraRegistrar = register_empty_dra
+    ) -> node_plugin.NodePlugin:
         plugin = node_plugin.NodePlugin(
             make_settings(short_root, *extra),
             store=FakeSliceStore(),
             devices=devices,
-            register_dra=register_empty_dra,
+            register_dra=register_dra,
         )
         started.append(plugin)
         plugin.start()
@@ -276,25 +283,41 @@ def test_refused_registration_is_logged_as_error(
     assert any("REFUSED" in m and "version not supported" in m for m in errors)
 
 
+def prepare_state(root: Path, *extra: str) -> node_plugin.DraRegistrar:
+    """The plugin's own prepare state and DRA services (no claims: the API is never asked)."""
+    settings = make_settings(root, "--state-dir", str(root / "state"), *extra)
+    unused = KubeClient(host="https://127.0.0.1:9", pool=urllib3.PoolManager(), auth_headers=dict)
+    return dra_service.registrar(
+        plugin_main.device_state(settings, client=unused, inventory=lambda: {})
+    )
+
+
 def test_rolling_update_calls_wait_for_the_node_wide_lock(
     start_plugin: Any, short_root: Path
 ) -> None:
     uid = "pod-a"  # short: unix socket paths are limited to 107 bytes
-    start_plugin("--pod-uid", uid)
+    start_plugin("--pod-uid", uid, register_dra=prepare_state(short_root, "--pod-uid", uid))
     p = paths(short_root, "--pod-uid", uid)
-    request = dra_v1_pb2.NodePrepareResourcesRequest()
+    prepare = dra_v1_pb2.NodePrepareResourcesRequest()
+    unprepare = dra_v1_pb2.NodeUnprepareResourcesRequest()
     with channel(p.dra) as ch:
         stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
-        with call_lock.held(p.lock), pytest.raises(grpc.RpcError) as blocked:
-            stub.NodePrepareResources(request, timeout=0.5)
-        assert blocked.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert stub.NodePrepareResources(request, timeout=TIMEOUT_S) is not None
+        with call_lock.held(p.lock):
+            for method, request in [
+                (stub.NodePrepareResources, prepare),
+                (stub.NodeUnprepareResources, unprepare),
+            ]:
+                with pytest.raises(grpc.RpcError) as blocked:
+                    method(request, timeout=0.5)
+                assert blocked.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert stub.NodePrepareResources(prepare, timeout=TIMEOUT_S) is not None
+        assert stub.NodeUnprepareResources(unprepare, timeout=TIMEOUT_S) is not None
 
 
 def test_single_instance_calls_do_not_wait_for_the_lock(
     start_plugin: Any, short_root: Path
 ) -> None:
-    start_plugin()
+    start_plugin(register_dra=prepare_state(short_root))
     p = paths(short_root)
     with channel(p.dra) as ch, call_lock.held(p.lock):
         stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
@@ -302,6 +325,31 @@ def test_single_instance_calls_do_not_wait_for_the_lock(
             dra_v1_pb2.NodePrepareResourcesRequest(), timeout=TIMEOUT_S
         )
         assert reply is not None
+
+
+def test_checkpoint_of_a_newer_release_stops_the_start(
+    short_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The prepare side is loaded only once the publisher runs; its refusal still ends the start.
+    (short_root / "state").mkdir()
+    checkpoint = short_root / "state" / "checkpoint.json"
+    checkpoint.write_text('{"version": 99, "compatible_version": 99, "claims": {}}')
+    kubeconfig = short_root / "kc"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:9', "
+        "insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    settings = make_settings(
+        short_root,
+        *("--state-dir", str(short_root / "state"), "--simulate", "h200x8"),
+        *("--kubeconfig", str(kubeconfig)),
+    )
+    assert plugin_main.serve(settings, threading.Event()) == 1
+    assert any("needs a plugin that reads schema 99" in r.getMessage() for r in caplog.records)
+    assert checkpoint.read_text().startswith('{"version": 99'), "the file is left as it was"
 
 
 def test_stop_removes_both_sockets(start_plugin: Any, short_root: Path) -> None:

@@ -31,7 +31,7 @@ from fake_slice_store import FakeSliceStore
 from test_kubelet_plugin_grpc import TIMEOUT_S, make_settings
 
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
-from dra_gpu.plugin import cdi, dra_service, node_plugin
+from dra_gpu.plugin import call_lock, cdi, dra_service, node_plugin
 from dra_gpu.plugin import settings as plugin_settings
 from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
 from dra_gpu.plugin.ids import ClaimUID
@@ -58,7 +58,11 @@ class Node:
     def start_instance(self, n: int) -> plugin_settings.Settings:
         settings = make_settings(self.root, "--pod-uid", f"uid-{n}")
         state = device_state(
-            self.root, devices=INVENTORY, claims=self.fetcher, boot_id=lambda: "boot"
+            self.root,
+            devices=INVENTORY,
+            claims=self.fetcher,
+            boot_id=lambda: "boot",
+            call_lock=call_lock.NodeCallLock(plugin_settings.socket_paths(settings).lock),
         )
         plugin = node_plugin.NodePlugin(
             settings,

@@ -20,11 +20,15 @@ Cases:
   prepare in full and unprepares; claims sharing a device both prepare again;
 - start with the state disk full (a small tmpfs; needs root): the plugin starts and says why it
   cannot write, prepared claims are answered, new prepares fail naming the error, and all works
-  again once there is space.
+  again once there is space;
+- with a call lock (rolling update), prepare reads its claim while another holder has the lock
+  and writes nothing until it gets it; unprepare waits for it too; a claim completed when it was
+  read but unprepared by the other holder since is read again under the lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -50,12 +54,13 @@ from fake_claims import (
     result,
 )
 
-from dra_gpu.plugin import cdi, faults
+from dra_gpu.plugin import call_lock, cdi, faults
 from dra_gpu.plugin.cdi_validate import validate_spec
 from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
 from dra_gpu.plugin.ids import ClaimUID
 from dra_gpu.plugin.plan import ClaimRef
 from dra_gpu.plugin.state import FAULT_STEPS, DeviceState
+from e2e import waiting
 
 INVENTORY = inventory()
 MIG = "gpu-1-mig-1g5gb-19-2"
@@ -404,6 +409,56 @@ def test_parallel_claims_all_prepare(env: Env) -> None:
     assert results == {f"u{i}": "" for i in range(len(names))}
     assert len(env.specs()) == len(names)
     state.close()
+
+
+def test_call_lock_is_taken_after_the_claim_is_read(env: Env) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    lock = env.root / "calls.lock"
+    state = env.state(call_lock=lambda: call_lock.held(lock))
+    done: list[str] = []
+    with call_lock.held(lock):  # the other instance of a rolling update, mid-call
+        worker = threading.Thread(
+            target=lambda: done.append(state.prepare([ref("u1")])[ClaimUID("u1")].error)
+        )
+        worker.start()
+        waiting.wait_for("the claim GET", lambda: env.fetcher.calls == 1, timeout=10)
+        worker.join(0.3)
+        assert done == [] and env.specs() == set(), "nothing is written without the lock"
+    worker.join(10)
+    assert done == [""] and env.specs() == {"u1"}
+    with call_lock.held(lock):
+        worker = threading.Thread(target=lambda: state.unprepare([ref("u1")]))
+        worker.start()
+        worker.join(0.3)
+        assert env.specs() == {"u1"}, "unprepare waits for the lock"
+    worker.join(10)
+    assert env.specs() == set()
+
+
+def test_claim_unprepared_by_the_other_instance_after_the_read_is_read_again(env: Env) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    lock = env.root / "calls.lock"
+    asked = threading.Event()
+
+    @contextlib.contextmanager
+    def held_after_asking() -> Iterator[None]:
+        asked.set()
+        with call_lock.held(lock):
+            yield
+
+    ours, theirs = env.state(call_lock=held_after_asking), env.state()
+    assert ours.prepare([ref("u1")])[ClaimUID("u1")].error == ""
+    calls = env.fetcher.calls
+    asked.clear()
+    with call_lock.held(lock):
+        worker = threading.Thread(target=lambda: ours.prepare([ref("u1")]))
+        worker.start()
+        assert asked.wait(10)  # read (completed: no GET), now waiting for the lock
+        assert env.fetcher.calls == calls
+        assert theirs.unprepare([ref("u1")]) == {"u1": ""}
+    worker.join(10)
+    assert env.fetcher.calls == calls + 1, "the claim is read under the lock"
+    assert env.specs() == {"u1"} and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
 
 
 def test_fault_switch_from_env() -> None:
