@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -126,10 +126,11 @@ class PluginMetrics:
         *,
         prepared: Callable[[], tuple[int, int]],
         published: Callable[[], Iterable[tuple[str, str]]],
+        checkpoint_writes: Callable[[], tuple[int, int]],
     ) -> None:
-        """Gauges read at scrape time: ``prepared()`` -> (claims, devices); ``published()`` ->
-        (type, health) per published device."""
-        self.registry.register(_StateCollector(prepared, published))
+        """Read at scrape time: ``prepared()`` -> (claims, devices); ``published()`` -> (type,
+        health) per published device; ``checkpoint_writes()`` -> (writes, fsynced writes)."""
+        self.registry.register(_StateCollector(prepared, published, checkpoint_writes))
 
 
 class _StateCollector(Collector):
@@ -137,10 +138,12 @@ class _StateCollector(Collector):
         self,
         prepared: Callable[[], tuple[int, int]],
         published: Callable[[], Iterable[tuple[str, str]]],
+        checkpoint_writes: Callable[[], tuple[int, int]],
     ) -> None:
         self._prepared, self._published = prepared, published
+        self._checkpoint_writes = checkpoint_writes
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         claims, devices = self._prepared()
         yield GaugeMetricFamily(
             "dra_gpu_plugin_prepared_claims", "Claims prepared on this node", value=claims
@@ -159,6 +162,15 @@ class _StateCollector(Collector):
         for (device_type, health), n in sorted(counts.items()):
             family.add_metric([device_type, health], n)
         yield family
+        writes, durable = self._checkpoint_writes()
+        written = CounterMetricFamily(
+            "dra_gpu_plugin_checkpoint_writes",
+            "Checkpoint files written since start, by whether they were fsynced",
+            labels=["durable"],
+        )
+        written.add_metric(["true"], durable)
+        written.add_metric(["false"], writes - durable)
+        yield written
 
 
 class MeasuredHandler:

@@ -232,6 +232,9 @@ class CheckpointStore:
     _queue: list[_Pending] = field(default_factory=list, init=False)
     _leader: bool = field(default=False, init=False)
     _cache: _Cache | None = field(default=None, init=False)
+    # Files written since start, (all, fsynced): read by /metrics at scrape time. Only the
+    # committing thread writes (under the file lock), so plain integers are enough.
+    writes: tuple[int, int] = field(default=(0, 0), init=False)
 
     @property
     def path(self) -> Path:
@@ -313,6 +316,7 @@ class CheckpointStore:
         os.pwrite(lock_fd, uuid.uuid4().hex.encode()[:TOKEN_BYTES], 0)
         atomicfile.write_atomic(self.path, encode(checkpoint), durable=durable)
         self._cache = _Cache(checkpoint, self._stamp(lock_fd))
+        self.writes = (self.writes[0] + 1, self.writes[1] + durable)
 
     def remove_temp_files(self) -> int:
         """Remove temp files of writers killed mid-write (see the module docstring)."""

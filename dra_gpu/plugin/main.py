@@ -182,7 +182,11 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
 
     stop_metrics = None
     if measured is not None and settings.metrics_address is not None:
-        measured.watch_state(prepared=prepared_counts, published=published_devices)
+        measured.watch_state(
+            prepared=prepared_counts,
+            published=published_devices,
+            checkpoint_writes=lambda: state.store.writes if state is not None else (0, 0),
+        )
         try:
             stop_metrics = metrics.serve(settings.metrics_address, measured.registry)
         except OSError as err:

@@ -141,7 +141,11 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), 
 def exported_names() -> set[str]:
     """Every series name the plugin and the controller can export."""
     plugin, controller = metrics.PluginMetrics(), metrics.ControllerMetrics()
-    plugin.watch_state(prepared=lambda: (0, 0), published=lambda: [("gpu", "HEALTHY")])
+    plugin.watch_state(
+        prepared=lambda: (0, 0),
+        published=lambda: [("gpu", "HEALTHY")],
+        checkpoint_writes=lambda: (0, 0),
+    )
     return {
         family.name + suffix
         for registry in (plugin.registry, controller.registry)
@@ -160,3 +164,26 @@ def test_dashboard_queries_only_series_that_exist() -> None:
     }
     exported = exported_names()
     assert used and not used - exported, used - exported
+
+
+def test_checkpoint_writes_are_counted_and_exported(tmp_path: Path) -> None:
+    from dra_gpu.plugin.checkpoint import CheckpointStore
+
+    store = CheckpointStore(tmp_path)
+    store.update(lambda c: c.with_boot_id("a"), durable=True)
+    store.update(lambda c: c.with_boot_id("b"), durable=False)
+    assert store.writes == (2, 1)
+    plugin = metrics.PluginMetrics()
+    plugin.watch_state(
+        prepared=lambda: (0, 0), published=lambda: [], checkpoint_writes=lambda: store.writes
+    )
+    samples = {
+        (s.name, s.labels.get("durable")): s.value
+        for family in plugin.registry.collect()
+        for s in family.samples
+        if s.name.startswith("dra_gpu_plugin_checkpoint_writes")
+    }
+    assert samples == {
+        ("dra_gpu_plugin_checkpoint_writes_total", "true"): 1,
+        ("dra_gpu_plugin_checkpoint_writes_total", "false"): 1,
+    }
