@@ -1,8 +1,13 @@
-"""HTTP ``/healthz`` for liveness and readiness probes.
+"""HTTP probes: ``/healthz`` and ``/livez`` for liveness, ``/readyz`` for readiness.
 
-200 when the plugin's gRPC servers are up and the ResourceSlices were published at least once;
-503 otherwise, with a one-line reason. "At least once" on purpose: an API server outage must
-not make a liveness probe restart a plugin that keeps serving the kubelet.
+Live: 200 when the plugin's gRPC servers are up and the ResourceSlices were published at least
+once; 503 otherwise, with a one-line reason. "At least once" on purpose: an API server outage
+must not make a liveness probe restart a plugin that keeps serving the kubelet.
+
+Ready: live, and the kubelet has confirmed the registration. A rolling update replaces the old
+pod once the new one is Ready; Ready before the kubelet switched to the new instance, the old one
+stopped while the kubelet still sent it calls (a pod failed with "connection refused" on the old
+DRA socket when start-up got fast enough to be Ready within the kubelet's registration delay).
 
 It listens on 127.0.0.1 unless told otherwise: a kubelet probe reaches a pod on the pod IP, so a
 DaemonSet without host networking sets ``--healthz-address 0.0.0.0``; with host networking
@@ -23,13 +28,15 @@ Check = Callable[[], str | None]
 
 
 class _Handler(BaseHTTPRequestHandler):
-    check: Check
+    live: Check
+    ready: Check
 
     def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] not in ("/healthz", "/readyz", "/livez"):
+        path = self.path.split("?", 1)[0]
+        if path not in ("/healthz", "/readyz", "/livez"):
             self._reply(404, "not found\n")
             return
-        problem = self.check()
+        problem = self.ready() if path == "/readyz" else self.live()
         if problem is None:
             self._reply(200, "ok\n")
         else:
@@ -48,8 +55,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class HealthzServer:
-    def __init__(self, *, address: str, port: int, check: Check) -> None:
-        handler = type("Handler", (_Handler,), {"check": staticmethod(check)})
+    def __init__(self, *, address: str, port: int, live: Check, ready: Check) -> None:
+        checks = {"live": staticmethod(live), "ready": staticmethod(ready)}
+        handler = type("Handler", (_Handler,), checks)
         self._server = ThreadingHTTPServer((address, port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(

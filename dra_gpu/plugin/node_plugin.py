@@ -108,6 +108,7 @@ class NodePlugin:
         self._reg_server: grpc.Server | None = None
         self._healthz: healthz.HealthzServer | None = None
         self._serving = False
+        self._registered = threading.Event()
 
     @property
     def stop_event(self) -> threading.Event:
@@ -150,6 +151,14 @@ class NodePlugin:
             return "ResourceSlices not published yet"
         return None
 
+    def not_ready(self) -> str | None:
+        """Why the plugin should not get calls yet (readiness), or None: healthy, and the kubelet
+        confirmed the registration (it sends calls to the newest instance it registered)."""
+        problem = self.problem()
+        if problem is None and not self._registered.is_set():
+            return "not registered with the kubelet yet"
+        return problem
+
     def start(self) -> None:
         self.publisher.start(self._stop)
         self._settings.plugin_data_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +169,8 @@ class NodePlugin:
             self._healthz = healthz.HealthzServer(
                 address=self._settings.healthz_address,
                 port=self._settings.healthz_port,
-                check=self.problem,
+                live=self.problem,
+                ready=self.not_ready,
             )
             self._healthz.start()
 
@@ -188,7 +198,9 @@ class NodePlugin:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
         pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(
             registration.RegistrationServicer(
-                driver_name=self._settings.driver_name, dra_endpoint=self._paths.dra
+                driver_name=self._settings.driver_name,
+                dra_endpoint=self._paths.dra,
+                on_registered=self._registered.set,
             ),
             server,
         )

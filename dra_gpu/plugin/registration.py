@@ -12,6 +12,7 @@ devices, so it is logged as an ERROR with the kubelet's reason.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -28,7 +29,9 @@ SUPPORTED_VERSIONS = DRA_VERSIONS + HEALTH_VERSIONS
 
 
 class RegistrationServicer(pb_grpc.RegistrationServicer):
-    def __init__(self, *, driver_name: str, dra_endpoint: Path) -> None:
+    def __init__(
+        self, *, driver_name: str, dra_endpoint: Path, on_registered: Callable[[], None]
+    ) -> None:
         if not dra_endpoint.is_absolute():
             raise ValueError(f"the DRA endpoint must be an absolute path, got {dra_endpoint}")
         self._info = pb.PluginInfo(
@@ -37,6 +40,7 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
             endpoint=str(dra_endpoint),
             supported_versions=list(SUPPORTED_VERSIONS),
         )
+        self._on_registered = on_registered
 
     def GetInfo(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.PluginInfo:
         log.debug("kubelet asked for plugin info")
@@ -47,6 +51,7 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
     ) -> pb.RegistrationStatusResponse:
         if request.plugin_registered:
             log.info("registered with the kubelet as %s", self._info.name)
+            self._on_registered()
         else:
             log.error(
                 "the kubelet REFUSED to register plugin %s: %s",

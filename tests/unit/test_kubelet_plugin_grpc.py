@@ -11,6 +11,7 @@ codec.
 from __future__ import annotations
 
 import argparse
+import http.client
 import logging
 import stat
 import threading
@@ -41,6 +42,7 @@ from dra_gpu.plugin import (
     device_health,
     dra_service,
     grpc_health,
+    healthz,
     inventory,
     node_plugin,
     slice_plan,
@@ -281,6 +283,50 @@ def test_refused_registration_is_logged_as_error(
         )
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("REFUSED" in m and "version not supported" in m for m in errors)
+
+
+def _probe(port: int, path: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode().strip()
+    finally:
+        conn.close()
+
+
+def test_ready_only_once_the_kubelet_confirmed_the_registration(
+    start_plugin: Any, short_root: Path
+) -> None:
+    # A rolling update replaces the old pod when the new one is Ready: Ready before the kubelet
+    # switched to it, the old instance stopped while the kubelet still called it.
+    plugin = start_plugin()
+    assert plugin.publisher.wait_synced(TIMEOUT_S)
+    assert plugin.not_ready() == "not registered with the kubelet yet"
+    with channel(paths(short_root).registration) as ch:
+        pluginregistration_v1_pb2_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
+            pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=True),
+            timeout=TIMEOUT_S,
+        )
+    assert plugin.not_ready() is None
+
+
+def test_readyz_waits_for_registration_and_healthz_does_not() -> None:
+    registered = threading.Event()
+    server = healthz.HealthzServer(
+        address="127.0.0.1",
+        port=0,
+        live=lambda: None,
+        ready=lambda: None if registered.is_set() else "not registered with the kubelet yet",
+    )
+    server.start()
+    try:
+        assert _probe(server.port, "/healthz") == (200, "ok")
+        assert _probe(server.port, "/readyz") == (503, "not registered with the kubelet yet")
+        registered.set()
+        assert _probe(server.port, "/readyz") == (200, "ok")
+    finally:
+        server.stop()
 
 
 def prepare_state(root: Path, *extra: str) -> node_plugin.DraRegistrar:
