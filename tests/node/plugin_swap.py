@@ -11,7 +11,7 @@ from e2e.driver import PluginProcess
 @contextlib.contextmanager
 def replacing(usual: PluginProcess, replacement: PluginProcess) -> Iterator[PluginProcess]:
     """Stop ``usual``, run ``replacement`` until the kubelet registered it; afterwards stop it
-    and bring ``usual`` back (registered), whatever the test did."""
+    and bring ``usual`` back (registered again), whatever the test did."""
     registered = usual.registrations()
     usual.stop()
     try:
@@ -20,5 +20,8 @@ def replacing(usual: PluginProcess, replacement: PluginProcess) -> Iterator[Plug
         yield replacement
     finally:
         replacement.stop()
+        # Counted now: the log holds earlier registrations (the usual plugin's and the
+        # replacement's), and a wait "after 0" returned before the restarted plugin served.
+        before = usual.registrations()
         usual.start()
-        usual.wait_registered(after=0)
+        usual.wait_registered(after=before)
