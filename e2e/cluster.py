@@ -354,6 +354,20 @@ class Cluster:
         result: dict[str, Any] = api.sanitize_for_serialization(node)  # type: ignore[no-untyped-call]
         return result
 
+    def unregister_node(self, name: str) -> None:
+        """Stop renewing a simulated node's lease and delete the Node (its slices and pods go
+        with it, by owner and by the pod GC)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        with self._nodes_lock:
+            self._nodes.discard(name)
+        try:
+            client.CoreV1Api(self._admin()).delete_node(name, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     def create_namespace(self, name: str) -> None:
         """Create a namespace and wait until its ``default`` ServiceAccount exists."""
         manifest = f'{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"{name}"}}}}'

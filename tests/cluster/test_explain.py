@@ -171,8 +171,28 @@ def client(cluster: Cluster) -> Iterator[KubeClient]:
         )
     for desired in classes.builtin_classes(extended_resource_name=None):
         cluster.kubectl("apply", "-f", "-", input=json.dumps(desired.body()))
-    yield kube
-    kube.close()
+    try:
+        yield kube
+    finally:
+        clean_up(cluster, kube, [f"ex-{profile}-{suffix}" for profile in PROFILES])
+        kube.close()
+
+
+def clean_up(cluster: Cluster, kube: KubeClient, nodes: list[str]) -> None:
+    """Leave the shared cluster as found: this module's pods left Pending would take the devices
+    of nodes that later tests register (the scheduler retries them as nodes appear), and its
+    nodes would take later tests' pods."""
+    for kind, path in (
+        ("pods", f"/api/v1/namespaces/{NS}/pods"),
+        ("resourceclaims", f"{source.RESOURCE}/namespaces/{NS}/resourceclaims"),
+    ):
+        for item in kube.request("GET", path).get("items", []):
+            name = item["metadata"]["name"]
+            if name.startswith("ex-"):
+                query = {"gracePeriodSeconds": "0"} if kind == "pods" else None
+                kube.request("DELETE", f"{path}/{name}", query=query)
+    for node in nodes:
+        cluster.unregister_node(node)
 
 
 def pod(name: str, claim: str) -> dict[str, Any]:
