@@ -221,7 +221,9 @@ def _interval(raw: str | None) -> float | None:
 
 
 def _metrics_address(raw: str | None) -> tuple[str, int] | None:
-    from dra_gpu import metrics  # prometheus_client only when settings are built, not for --help
+    if not raw:
+        return None  # off: prometheus-client is not even imported (start-up time, memory)
+    from dra_gpu import metrics
 
     try:
         return metrics.parse_address(raw or "")

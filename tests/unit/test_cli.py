@@ -34,3 +34,15 @@ def test_parser_loads_no_heavy_libraries() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+def test_plugin_settings_without_metrics_load_no_prometheus_client() -> None:
+    # Metrics are off unless --metrics-address is given; off, the plugin must not pay the
+    # library's import time and memory (issue 18's start-up and RSS rows).
+    code = (
+        "import sys; from dra_gpu.plugin import settings; "
+        "settings.build_settings({'node_name': 'n'}, {}); "
+        "print('prometheus_client' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False"
