@@ -1,5 +1,6 @@
 """The command line: only real subcommands, and a version users can report."""
 
+import ast
 import subprocess
 import sys
 
@@ -24,25 +25,24 @@ def test_console_entry_runs_as_module() -> None:
     assert "version" in proc.stdout
 
 
+def _loaded_after(statement: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has imported after running ``statement``."""
+    code = f"import sys; {statement}; print(sorted(m for m in {modules!r} if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return list(ast.literal_eval(proc.stdout.strip()))
+
+
 def test_parser_loads_no_heavy_libraries() -> None:
     # `dra-gpu discover` must run on a bare GPU host (only pynvml there), and the kubelet
     # plugin's start-up time and memory must not pay for the controller's libraries.
-    code = (
-        "import sys; from dra_gpu import cli; cli.build_parser(); "
-        "print(sorted(m for m in ('kubernetes', 'pydantic', 'cryptography', 'celpy') "
-        "if m in sys.modules))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert proc.stdout.strip() == "[]"
+    heavy = ("kubernetes", "pydantic", "cryptography", "celpy")
+    assert _loaded_after("from dra_gpu import cli; cli.build_parser()", heavy) == []
 
 
 def test_plugin_settings_without_metrics_load_no_prometheus_client() -> None:
     # Metrics are off unless --metrics-address is given; off, the plugin must not pay the
     # library's import time and memory (issue 18's start-up and RSS rows).
-    code = (
-        "import sys; from dra_gpu.plugin import settings; "
-        "settings.build_settings({'node_name': 'n'}, {}); "
-        "print('prometheus_client' in sys.modules)"
+    statement = (
+        "from dra_gpu.plugin import settings; settings.build_settings({'node_name': 'n'}, {})"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert proc.stdout.strip() == "False"
+    assert _loaded_after(statement, ("prometheus_client",)) == []
