@@ -47,6 +47,7 @@ from dra_gpu.controller import classes  # noqa: E402
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc  # noqa: E402
 from e2e import procs, waiting  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
+from e2e.kubelet_calls import call  # noqa: E402
 
 CLAIMS = 64
 TARGET_P50_MS, TARGET_P99_MS, TARGET_RATE = 10.0, 50.0, 100.0
@@ -166,18 +167,6 @@ def make_claims(cluster: Cluster, node: str, device_class: str = classes.MIG_CLA
         ]
 
     return waiting.wait_for(f"{CLAIMS} allocated claims", allocated, timeout=WAIT_S)
-
-
-def call(stub: Any, method: str, claim: Any) -> None:
-    if method == "prepare":
-        request = dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim])
-        response = stub.NodePrepareResources(request, timeout=60)
-    else:
-        request = dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim])
-        response = stub.NodeUnprepareResources(request, timeout=60)
-    error = response.claims[claim.uid].error
-    if error:
-        raise RuntimeError(f"{method} {claim.name}: {error}")
 
 
 def latency(socket: Path, claims: Sequence[Any], samples: int) -> tuple[list[float], list[float]]:

@@ -44,7 +44,7 @@ from e2e import images
 from e2e.cluster import Cluster
 from e2e.driver import Driver, PluginProcess, controller_process
 from e2e.gpu import image
-from e2e.gpu.prepare_loop import prepare_cycles
+from e2e.kubelet_calls import prepare_cycles
 from e2e.node import Node
 from e2e.suite.kube import RESOURCE, Kube, wait_for
 
