@@ -63,7 +63,11 @@ def main() -> int:
     args = parser.parse_args()
     bare = per_call_us(Noop(), args.calls)
     m = metrics.PluginMetrics()
-    m.watch_state(prepared=lambda: (3, 5), published=lambda: [("gpu", "HEALTHY")] * 8)
+    m.watch_state(
+        prepared=lambda: (3, 5),
+        published=lambda: [("gpu", "HEALTHY")] * 8,
+        checkpoint_writes=lambda: (12, 12),
+    )
     wrapped = per_call_us(m.measured(Noop()), args.calls)
     t0 = time.perf_counter()
     body = generate_latest(m.registry)
