@@ -42,8 +42,11 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# mypy --strict over dra_gpu/, e2e/, bench/ and tests/ (pyproject.toml); tests/node in a run of
+# its own: its conftest.py would be a second module named `conftest` in the first.
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+	MYPYPATH=tests/node $(VENV)/bin/mypy --cache-dir .mypy_cache/node tests/node/*.py
 
 unit: $(STAMP)
 	$(PY) -m pytest -m "not cluster and not node"

@@ -62,8 +62,10 @@ class SliceWatch:
         """Delete the node's slices; returns the resourceVersion to watch from."""
         listed = self._resource.list_resource_slice(field_selector=self._selector)
         for item in listed.items:
+            assert item.metadata is not None and item.metadata.name  # set on every stored object
             self._resource.delete_resource_slice(item.metadata.name)
         listed = self._resource.list_resource_slice(field_selector=self._selector)
+        assert listed.metadata is not None  # a list always carries its resourceVersion
         return str(listed.metadata.resource_version)
 
     def start(self, resource_version: str) -> threading.Thread:

@@ -47,6 +47,7 @@ from dra_gpu.controller import classes  # noqa: E402
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc  # noqa: E402
 from e2e import procs, waiting  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
+from e2e.kube_json import as_body  # noqa: E402
 from e2e.kubelet_calls import call  # noqa: E402
 
 CLAIMS = 64
@@ -139,7 +140,7 @@ def make_claims(cluster: Cluster, node: str, device_class: str = classes.MIG_CLA
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     for desired in classes.builtin_classes(extended_resource_name=None):
         with contextlib.suppress(ApiException):
-            resource.create_device_class(desired.body())
+            resource.create_device_class(as_body(desired.body()))
     ns = node
     cluster.create_namespace(ns)
     request = {"name": "dev", "exactly": {"deviceClassName": device_class, "count": 1}}
@@ -147,7 +148,7 @@ def make_claims(cluster: Cluster, node: str, device_class: str = classes.MIG_CLA
         "metadata": {"name": "one-device"},
         "spec": {"spec": {"devices": {"requests": [request]}}},
     }
-    resource.create_namespaced_resource_claim_template(ns, template)
+    resource.create_namespaced_resource_claim_template(ns, as_body(template))
     container = {"name": "c", "image": "pause", "resources": {"claims": [{"name": "g"}]}}
     spec = {
         "nodeSelector": {"kubernetes.io/hostname": node},
@@ -155,16 +156,19 @@ def make_claims(cluster: Cluster, node: str, device_class: str = classes.MIG_CLA
         "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "one-device"}],
     }
     for i in range(CLAIMS):
-        core.create_namespaced_pod(ns, {"metadata": {"name": f"p{i}"}, "spec": spec})
+        core.create_namespaced_pod(ns, as_body({"metadata": {"name": f"p{i}"}, "spec": spec}))
 
     def allocated() -> list[Any] | None:
         items = resource.list_namespaced_resource_claim(ns).items
         done = [c for c in items if c.status and c.status.allocation]
         if len(done) < CLAIMS:
             return None
-        return [
-            dra_v1_pb2.Claim(uid=c.metadata.uid, namespace=ns, name=c.metadata.name) for c in done
-        ]
+        claims = []
+        for c in done:
+            meta = c.metadata
+            assert meta is not None and meta.uid and meta.name  # the API server sets both
+            claims.append(dra_v1_pb2.Claim(uid=meta.uid, namespace=ns, name=meta.name))
+        return claims
 
     return waiting.wait_for(f"{CLAIMS} allocated claims", allocated, timeout=WAIT_S)
 

@@ -59,6 +59,7 @@ from dra_gpu.controller import classes  # noqa: E402
 from e2e import binaries, procs  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
 from e2e.driver import PluginDirs, plugin_argv  # noqa: E402
+from e2e.kube_json import as_body  # noqa: E402
 
 DEVICES = 64
 REFERENCE_MODULE = "sigs.k8s.io/dra-example-driver"
@@ -282,7 +283,7 @@ def main() -> int:
         api = cluster.api_client()
         from kubernetes import client
 
-        client.ResourceV1Api(api).create_device_class(reference_class())
+        client.ResourceV1Api(api).create_device_class(as_body(reference_class()))
         figures = {s.name: Figures() for s in subjects}
         claims: dict[str, list[Any]] = {}
         for n in range(args.passes):

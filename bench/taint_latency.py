@@ -29,10 +29,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from plugin_startup import add_target_arguments, target  # noqa: E402
-
+from bench.plugin_startup import add_target_arguments, target  # noqa: E402
 from dra_gpu import DRIVER_NAME  # noqa: E402
 from dra_gpu.devices import health_events  # noqa: E402
 

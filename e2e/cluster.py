@@ -224,7 +224,7 @@ class Cluster:
             self._heartbeat.join(timeout=15)
             self._heartbeat = None
         if self._client is not None:
-            self._client.close()  # type: ignore[no-untyped-call]
+            self._client.close()
             self._client = None
         running = [self._procs.pop(n) for n in reversed(START_ORDER) if n in self._procs]
         # No grace period: the cluster's state is thrown away, and a graceful API server
@@ -283,9 +283,7 @@ class Cluster:
         """A new ``kubernetes.client.ApiClient`` with the admin identity (caller closes it)."""
         from kubernetes import config
 
-        client: ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(self.kubeconfig)
-        )
+        client: ApiClient = config.new_client_from_config(config_file=str(self.kubeconfig))
         return client
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
@@ -351,7 +349,7 @@ class Cluster:
         self._renew_lease(name, now)
         with self._nodes_lock:
             self._nodes.add(name)
-        result: dict[str, Any] = api.sanitize_for_serialization(node)  # type: ignore[no-untyped-call]
+        result: dict[str, Any] = api.sanitize_for_serialization(node)
         return result
 
     def unregister_node(self, name: str) -> None:

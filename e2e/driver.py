@@ -13,6 +13,7 @@ only its ResourceSlices matter). Each process runs in its own session and is kil
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -349,8 +350,8 @@ def wait_published(kube: Kube, plugins: Iterable[PluginProcess], *, timeout: flo
     for name in (GPU_CLASS, MIG_CLASS):
         wait_for(
             f"DeviceClass {name} (made by the controller)",
-            lambda n=name: kube.custom.get_cluster_custom_object(
-                group, version, "deviceclasses", n
+            functools.partial(
+                kube.custom.get_cluster_custom_object, group, version, "deviceclasses", name
             ),
             timeout=timeout,
         )

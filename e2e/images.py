@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,7 +173,7 @@ def cache_dir() -> Path:
 
 def ensure_images(out_dir: Path) -> dict[str, Path]:
     """Write (when missing) the sandbox and test archives into ``out_dir``; image name -> path."""
-    specs = {
+    specs: dict[str, Callable[[], ImageSpec]] = {
         PAUSE_IMAGE: lambda: pause_spec(build_pause(out_dir / "pause")),
         TEST_IMAGE: busybox_spec,
     }

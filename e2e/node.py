@@ -240,7 +240,8 @@ class Node:
         def ready() -> bool:
             self._check_alive("containerd")
             self._check_alive("kubelet")
-            conditions = core.read_node(self.name).status.conditions or []
+            status = core.read_node(self.name).status
+            conditions = (status.conditions if status else None) or []
             return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
         waiting.wait_for(

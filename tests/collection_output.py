@@ -26,5 +26,7 @@ def terminal_log(session: pytest.Session) -> Iterator[Callable[[str], None]]:
         if reporter is not None:
             reporter.write_line(line)
 
-    with capture.global_and_fixture_disabled():
+    # No capture manager when pytest runs with `-p no:capture`: the output goes out as it is.
+    disabled = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    with disabled:
         yield log

@@ -247,7 +247,7 @@ def _connect_with_official_loader(kubeconfig: Path | None) -> KubeClient:
     cfg = kclient.Configuration()
     source = str(kubeconfig) if kubeconfig is not None else "$KUBECONFIG"
     try:
-        kconfig.load_kube_config(  # type: ignore[no-untyped-call]
+        kconfig.load_kube_config(
             config_file=str(kubeconfig) if kubeconfig is not None else None,
             client_configuration=cfg,
         )

@@ -15,6 +15,7 @@ import yaml
 from kubernetes import client, config
 
 from e2e import waiting
+from e2e.kube_json import as_body, as_json
 from e2e.waiting import WaitTimeout
 
 T = TypeVar("T")
@@ -59,7 +60,7 @@ class Kube:
 
     def create_namespace(self, name: str) -> None:
         self.core.create_namespace(
-            {"metadata": {"name": name, "labels": {"dra-gpu.test/e2e": "1"}}}
+            as_body({"metadata": {"name": name, "labels": {"dra-gpu.test/e2e": "1"}}})
         )
 
     def delete_namespace(self, name: str, *, wait: float = 120.0) -> None:
@@ -96,9 +97,9 @@ class Kube:
     def _create(self, namespace: str, doc: Mapping[str, Any]) -> dict[str, Any]:
         api_version, kind = str(doc["apiVersion"]), str(doc["kind"])
         if api_version == "v1" and kind == "Pod":
-            return self.as_dict(self.core.create_namespaced_pod(namespace, dict(doc)))
+            return self.as_dict(self.core.create_namespaced_pod(namespace, as_body(doc)))
         group, version = api_version.split("/")
-        return dict(
+        return as_json(
             self.custom.create_namespaced_custom_object(
                 group, version, namespace, _plural(kind), dict(doc)
             )
@@ -137,7 +138,7 @@ class Kube:
 
     def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return dict(
+            return as_json(
                 self.custom.get_namespaced_custom_object(
                     *RESOURCE, namespace, "resourceclaims", name
                 )
@@ -148,9 +149,9 @@ class Kube:
             raise
 
     def slices(self) -> list[dict[str, Any]]:
-        found = self.custom.list_cluster_custom_object(*RESOURCE, "resourceslices")
+        found = as_json(self.custom.list_cluster_custom_object(*RESOURCE, "resourceslices"))
         return list(found.get("items", []))
 
     def all_claims(self) -> list[dict[str, Any]]:
-        found = self.custom.list_cluster_custom_object(*RESOURCE, "resourceclaims")
+        found = as_json(self.custom.list_cluster_custom_object(*RESOURCE, "resourceclaims"))
         return list(found.get("items", []))

@@ -9,6 +9,7 @@ claims are deallocated or deleted. Every problem is collected; one ``ScenarioFai
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -122,7 +123,7 @@ def _observe(ctx: Context, run: Run, name: str) -> list[str]:
         cname = container["name"]
         view = wait_for(
             f"{name}/{cname} to print its report",
-            lambda c=cname: _report(ctx, run.namespace, name, c),
+            functools.partial(_report, ctx, run.namespace, name, cname),
             timeout=ctx.timeout,
         )
         devices: list[str] = []
@@ -245,8 +246,8 @@ def finish(ctx: Context, run: Run) -> list[str]:
 
 def _run_once(ctx: Context, scenario: Scenario) -> tuple[Run, list[str]]:
     if scenario.expect == "running":
-        run, problems = start(ctx, scenario)
-        return run, problems + finish(ctx, run)
+        started, problems_at_start = start(ctx, scenario)
+        return started, problems_at_start + finish(ctx, started)
     run = Run(namespace=f"e2e-{scenario.name}-{secrets.token_hex(3)}")
     docs, names = _manifests(ctx, scenario)
     ctx.kube.create_namespace(run.namespace)
@@ -283,7 +284,7 @@ def _prepare_fails(
         try:
             event = wait_for(
                 f"a FailedPrepareDynamicResources event on pod {name}",
-                lambda n=name: _prepare_event(ctx, run.namespace, n),
+                functools.partial(_prepare_event, ctx, run.namespace, name),
                 timeout=ctx.timeout,
             )
         except AssertionError as e:

@@ -25,6 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.cluster import Cluster
+from e2e.kube_json import as_body, as_json
 from e2e.waiting import wait_for
 
 GROUP, VERSION = "resource.k8s.io", "v1"
@@ -33,7 +34,7 @@ WAIT_S = 60.0  # bounds a broken control plane only
 
 
 def api_message(exc: ApiException) -> str:
-    return str(json.loads(exc.body)["message"])
+    return str(json.loads(str(exc.body))["message"])
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,9 @@ def test_device_class_with_cel_selector_is_stored(custom: client.CustomObjectsAp
     body = device_class("cp-valid-class", expression)
     custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", body)
     try:
-        stored = custom.get_cluster_custom_object(GROUP, VERSION, "deviceclasses", "cp-valid-class")
+        stored = as_json(
+            custom.get_cluster_custom_object(GROUP, VERSION, "deviceclasses", "cp-valid-class")
+        )
         assert stored["spec"]["selectors"] == [{"cel": {"expression": expression}}]
     finally:
         custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", "cp-valid-class")
@@ -125,7 +128,9 @@ def test_resource_slice_device_limit(
     name = f"cp-limit-{devices}"
     body = resource_slice(name, driver="limits.cp.example.com", devices=devices, node=None)
     if accepted:
-        created = custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body)
+        created = as_json(
+            custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body)
+        )
         assert len(created["spec"]["devices"]) == devices
         custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", name)
         return
@@ -175,11 +180,11 @@ def test_pod_claim_is_created_allocated_and_pod_bound(
         },
     }
     core = client.CoreV1Api(api)
-    core.create_namespaced_pod(NAMESPACE, pod)
+    core.create_namespaced_pod(NAMESPACE, as_body(pod))
 
     def claim_name() -> str | None:
-        statuses = core.read_namespaced_pod("gpu-pod", NAMESPACE).status
-        for entry in statuses.resource_claim_statuses or []:
+        status = core.read_namespaced_pod("gpu-pod", NAMESPACE).status
+        for entry in (status.resource_claim_statuses if status else None) or []:
             if entry.name == "gpu" and entry.resource_claim_name:
                 return str(entry.resource_claim_name)
         return None
@@ -187,12 +192,17 @@ def test_pod_claim_is_created_allocated_and_pod_bound(
     name = wait_for(
         "the resourceclaim controller to create the pod's claim", claim_name, timeout=WAIT_S
     )
-    claim = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", name)
+    claim = as_json(
+        custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", name)
+    )
     assert [o["name"] for o in claim["metadata"]["ownerReferences"]] == ["gpu-pod"]
 
     def allocation() -> dict[str, Any] | None:
-        got = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", name)
-        return got.get("status", {}).get("allocation")  # type: ignore[no-any-return]
+        got = as_json(
+            custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", name)
+        )
+        found: dict[str, Any] | None = got.get("status", {}).get("allocation")
+        return found
 
     allocated = wait_for(
         "the scheduler to allocate a device to the claim", allocation, timeout=WAIT_S
@@ -205,11 +215,11 @@ def test_pod_claim_is_created_allocated_and_pod_bound(
     )
     assert result["device"] in {"gpu-0", "gpu-1"}
 
-    bound = wait_for(
-        "the scheduler to bind the pod",
-        lambda: core.read_namespaced_pod("gpu-pod", NAMESPACE).spec.node_name,
-        timeout=WAIT_S,
-    )
+    def node_name() -> str | None:
+        spec = core.read_namespaced_pod("gpu-pod", NAMESPACE).spec
+        return spec.node_name if spec else None
+
+    bound = wait_for("the scheduler to bind the pod", node_name, timeout=WAIT_S)
     assert bound == node
     core.delete_namespaced_pod("gpu-pod", NAMESPACE, grace_period_seconds=0)
     custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", "cp-node-0-gpus")
@@ -225,7 +235,9 @@ def _wait_denied(core: client.CoreV1Api, label: str, *, what: str) -> str:
 
     def denial() -> str | None:
         try:
-            core.create_namespaced_config_map(NAMESPACE, _labelled_configmap(label), dry_run="All")
+            core.create_namespaced_config_map(
+                NAMESPACE, as_body(_labelled_configmap(label)), dry_run="All"
+            )
         except ApiException as exc:
             if exc.status in (400, 403, 422):
                 return api_message(exc)
@@ -269,8 +281,8 @@ def test_validating_admission_policy_denies(api: client.ApiClient) -> None:
             },
         },
     }
-    reg.create_validating_admission_policy(policy)
-    reg.create_validating_admission_policy_binding(binding)
+    reg.create_validating_admission_policy(as_body(policy))
+    reg.create_validating_admission_policy_binding(as_body(binding))
     try:
         message = _wait_denied(
             client.CoreV1Api(api), "cp-vap-deny", what="the policy to deny the ConfigMap"
@@ -334,7 +346,7 @@ def test_admission_webhook_on_loopback_denies(cluster: Cluster, api: client.ApiC
         ],
     }
     reg = client.AdmissionregistrationV1Api(api)
-    reg.create_validating_webhook_configuration(webhook)
+    reg.create_validating_webhook_configuration(as_body(webhook))
     try:
         message = _wait_denied(
             client.CoreV1Api(api), "cp-webhook-deny", what="the webhook to deny the ConfigMap"

@@ -296,7 +296,7 @@ def test_misspelled_selector_is_created_with_a_warning(setup: Setup) -> None:
 
 
 def test_device_class_with_invalid_config_is_refused(setup: Setup) -> None:
-    bad = {
+    bad: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
         "metadata": {"name": "ctl-test-bad-class", "labels": {CLASS_LABEL: "true"}},

@@ -51,6 +51,7 @@ from e2e.driver import PluginDirs, plugin_argv
 DRIVER = "gpu.nvidia.com"
 WAIT_S = 60.0  # bounds a broken test only
 RPC_TIMEOUT_S = 10
+SliceList = list[dict[str, Any]]  # spelled out here: inside Slices, `list` is its method
 
 
 wait_for = functools.partial(waiting.wait_for, timeout=WAIT_S)
@@ -102,19 +103,17 @@ class Slices:
         self._resource = client.ResourceV1Api(self._api)
         self._selector = f"spec.nodeName={node},spec.driver={DRIVER}"
 
-    def list(self) -> list[dict[str, Any]]:
+    def list(self) -> SliceList:
         listed = self._resource.list_resource_slice(
             field_selector=self._selector, _request_timeout=10
         )
         items: list[dict[str, Any]] = self._api.sanitize_for_serialization(listed)["items"]
         return sorted(items, key=lambda s: s["metadata"]["name"])
 
-    def when(
-        self, condition: Callable[[list[dict[str, Any]]], bool]
-    ) -> Callable[[], list[dict[str, Any]] | None]:
+    def when(self, condition: Callable[[SliceList], bool]) -> Callable[[], SliceList | None]:
         """A probe for ``wait_for``: the slices once ``condition`` holds for them."""
 
-        def probe() -> list[dict[str, Any]] | None:
+        def probe() -> SliceList | None:
             try:
                 items = self.list()
             except Exception:  # the API server may still be coming back
@@ -224,11 +223,11 @@ def test_changed_inventory_publishes_new_generation_and_removes_old(
     profile = root / "profile.json"
     profile.write_text(profile_json(130))  # 130 devices: two slices
     ready(start_plugin(simulate=str(profile)))
-    before = wait_for("two slices", slices.when(lambda s: len(s) == 2))
+    before: SliceList = wait_for("two slices", slices.when(lambda s: len(s) == 2))
     assert len(devices_of(before)) == 130
     profile.write_text(profile_json(4))
     four = [f"gpu-{i}" for i in range(4)]
-    after = wait_for("the new inventory", slices.when(lambda s: devices_of(s) == four))
+    after: SliceList = wait_for("the new inventory", slices.when(lambda s: devices_of(s) == four))
     assert len(after) == 1
     assert min(generations(after)) > max(generations(before))
     assert after[0]["spec"]["pool"]["resourceSliceCount"] == 1

@@ -39,6 +39,7 @@ from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient, connect
 from e2e import helm, waiting
 from e2e.cluster import Cluster
+from e2e.kube_json import as_body
 
 DRIVER = "gpu.nvidia.com"
 POLICY_NS = "dra-gpu-policy"
@@ -49,7 +50,7 @@ wait_for = functools.partial(waiting.wait_for, timeout=WAIT_S, every=0.5)  # pro
 
 # Schema-less stand-ins for the CRDs of cert-manager and the Prometheus Operator, whose objects
 # the chart renders on request.
-CERT_MANAGER_CRDS = [
+CERT_MANAGER_CRDS: list[dict[str, Any]] = [
     {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -246,8 +247,9 @@ class SliceClient:
         from kubernetes import client
 
         review = client.AuthenticationV1Api(self._api).create_self_subject_review(
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+            as_body({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
         )
+        assert review.status is not None  # the API server always answers who the caller is
         info: dict[str, Any] = self._api.sanitize_for_serialization(review.status.user_info)
         return info
 
@@ -267,10 +269,12 @@ def _token(cluster: Cluster, *, node: dict[str, Any] | None, account: str = PLUG
         answer = client.CoreV1Api(api).create_namespaced_service_account_token(
             account,
             POLICY_NS,
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+            as_body(
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+            ),
         )
-    token: str = answer.status.token
-    return token
+    assert answer.status is not None and answer.status.token  # a granted request carries it
+    return answer.status.token
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,7 @@ from dra_gpu.plugin.state import FAULT_STEPS
 from e2e import cdi_validator, procs, waiting
 from e2e.cluster import Cluster
 from e2e.driver import PluginDirs, plugin_argv
+from e2e.kube_json import as_body
 
 DRIVER = "gpu.nvidia.com"
 API = "resource.nvidia.com/v1beta1"
@@ -115,7 +116,7 @@ class Node:
             self.plugin = None
 
     def specs(self) -> dict[str, Path]:
-        return dict(cdi.list_specs(self.cdi_root))
+        return {str(uid): path for uid, path in cdi.list_specs(self.cdi_root).items()}
 
 
 def pod_body(name: str, template: str, node: str) -> dict[str, Any]:
@@ -182,7 +183,7 @@ def device_classes(cluster: Cluster) -> Iterator[None]:
     created = []
     for desired in classes.builtin_classes(extended_resource_name=None):
         try:
-            api.create_device_class(desired.body(), _request_timeout=30)
+            api.create_device_class(as_body(desired.body()), _request_timeout=30)
             created.append(desired.name)
         except ApiException as exc:
             if exc.status != 409:
@@ -231,12 +232,14 @@ def claims(cluster: Cluster, node: Node) -> dict[str, Claim]:
     ):
         resource.create_namespaced_resource_claim_template(ns, body, _request_timeout=30)
     for pod, template in (("pod-gpu", "one-gpu"), ("pod-mig", "two-mig")):
-        core.create_namespaced_pod(ns, pod_body(pod, template, node.name), _request_timeout=30)
+        core.create_namespaced_pod(
+            ns, as_body(pod_body(pod, template, node.name)), _request_timeout=30
+        )
     out = {}
     for pod in ("pod-gpu", "pod-mig"):
         out[pod] = wait_for(
-            f"{pod} scheduled with an allocated claim", lambda p=pod: _claim_of(api, ns, p)
-        )  # type: ignore[misc]
+            f"{pod} scheduled with an allocated claim", functools.partial(_claim_of, api, ns, pod)
+        )
     return out
 
 

@@ -20,6 +20,7 @@ from collection_output import terminal_log
 
 from e2e import images, procs
 from e2e.cluster import Cluster
+from e2e.deployed_env import REAL_NODE_SELECTOR
 from e2e.driver import Driver, PluginProcess, controller_process
 from e2e.node import Node
 from e2e.node_binaries import ensure_node_binaries
@@ -27,7 +28,6 @@ from e2e.node_cleanup import cgroup_hierarchies, mounts_under
 from e2e.suite.kube import Kube
 from e2e.suite.runner import Context
 
-REAL_NODE_SELECTOR = {"dra-gpu.test/real-node": "true"}
 NODE_TIER = Path(__file__).resolve().parent
 NODE_PROFILES = {"gpu-h200": "h200x8", "gpu-a100": "a100x4-mig"}
 

@@ -26,11 +26,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from conftest import REAL_NODE_SELECTOR
 from plugin_swap import replacing
 from test_pod_device_health import device_health
 
 from e2e.cluster import Cluster
+from e2e.deployed_env import REAL_NODE_SELECTOR
 from e2e.driver import Driver, PluginProcess
 from e2e.node import Node
 from e2e.suite.kube import Kube, wait_for
@@ -118,7 +118,9 @@ def claim_template(name: str, selector: str | None = None) -> dict[str, Any]:
 
 def pods_of(kube: Kube, namespace: str, app: str) -> list[dict[str, Any]]:
     found = kube.core.list_namespaced_pod(namespace, label_selector=f"app={app}")
-    return [kube.as_dict(p) for p in found.items if not p.metadata.deletion_timestamp]
+    return [
+        kube.as_dict(p) for p in found.items if not (p.metadata and p.metadata.deletion_timestamp)
+    ]
 
 
 def allocated_device(kube: Kube, namespace: str, pod: dict[str, Any]) -> str | None:

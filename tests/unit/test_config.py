@@ -341,7 +341,7 @@ def test_defaults_are_valid_configs() -> None:
 def test_models_are_frozen() -> None:
     config = TimeSlicingConfig(interval="Short")
     with pytest.raises(ValueError):
-        config.interval = "Long"  # type: ignore[misc]
+        config.interval = "Long"
     assert MpsConfig().defaultActiveThreadPercentage is None
 
 

@@ -139,7 +139,7 @@ def test_pure_modules_do_not_import_the_api_client(module: str) -> None:
     import dra_gpu.controller
 
     source = Path(dra_gpu.controller.__file__).with_name(f"{module}.py").read_text()
-    imported = set()
+    imported: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             imported.update(a.name for a in node.names)

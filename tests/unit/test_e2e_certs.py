@@ -121,6 +121,7 @@ def test_kubeconfig_loads_with_embedded_identity(pki: certs.Pki, tmp_path: Path)
     loaded = client.Configuration()
     config.load_kube_config(config_file=str(path), client_configuration=loaded)
     assert loaded.host == "https://127.0.0.1:6443"
+    assert loaded.cert_file is not None and loaded.ssl_ca_cert is not None
     assert Path(loaded.cert_file).read_bytes() == pki.admin.cert.read_bytes()
     assert Path(loaded.ssl_ca_cert).read_bytes() == pki.ca.cert.read_bytes()
 

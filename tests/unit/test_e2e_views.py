@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from dra_gpu.config.quantity import to_bytes as parse_quantity
 from e2e.suite import views
-from e2e.suite.scenarios import parse_quantity
 
 CTL = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
 

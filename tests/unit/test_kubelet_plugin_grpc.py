@@ -242,9 +242,10 @@ def test_health_stream_reports_devices_discovery_lost_as_unhealthy(
         stream = health_v1_pb2_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
             health_v1_pb2.NodeWatchResourcesRequest(), timeout=TIMEOUT_S
         )
-        next(stream)
+        responses = iter(stream)
+        next(responses)
         plugin.set_devices(devices[:3], in_use={"gpu-5", "gpu-6", "gpu-7"})
-        second = next(stream)
+        second = next(responses)
         stream.cancel()
     health = {d.device.device_name: (d.health, d.message) for d in second.devices}
     healthy = (health_v1_pb2.HealthStatus.Value("HEALTHY"), "")
@@ -349,12 +350,13 @@ def test_rolling_update_calls_wait_for_the_node_wide_lock(
     with channel(p.dra) as ch:
         stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
         with call_lock.held(p.lock):
-            for method, request in [
-                (stub.NodePrepareResources, prepare),
-                (stub.NodeUnprepareResources, unprepare),
-            ]:
+            calls: list[Callable[[], object]] = [
+                lambda: stub.NodePrepareResources(prepare, timeout=0.5),
+                lambda: stub.NodeUnprepareResources(unprepare, timeout=0.5),
+            ]
+            for blocked_call in calls:
                 with pytest.raises(grpc.RpcError) as blocked:
-                    method(request, timeout=0.5)
+                    blocked_call()
                 assert blocked.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert stub.NodePrepareResources(prepare, timeout=TIMEOUT_S) is not None
         assert stub.NodeUnprepareResources(unprepare, timeout=TIMEOUT_S) is not None

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.node_binaries import CONTAINERD, RUNC, module_version
+from e2e.binaries import module_version
+from e2e.node_binaries import CONTAINERD, RUNC
 from e2e.node_config import (
     KubeletPorts,
     NodePaths,

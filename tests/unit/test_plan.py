@@ -147,7 +147,8 @@ def _interval(body: dict[str, Any], index: int = 0) -> str | None:
     sharing = plan(body).devices[index].cdi.config.sharing
     assert sharing is not None
     ts = getattr(sharing, "timeSlicingConfig", None)
-    return ts.interval if ts else sharing.strategy
+    got: str | None = ts.interval if ts else sharing.strategy
+    return got
 
 
 def ts(interval: str) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def test_claims_use_the_v1_api_and_our_device_classes(folder: Path) -> None:
 
 
 def test_node_selector_is_added_without_touching_the_manifest() -> None:
-    pod = {"kind": "Pod", "spec": {"nodeSelector": {"a": "b"}, "containers": []}}
+    pod: dict[str, Any] = {"kind": "Pod", "spec": {"nodeSelector": {"a": "b"}, "containers": []}}
     changed = with_node_selector(pod, {"c": "d"})
     assert changed["spec"]["nodeSelector"] == {"a": "b", "c": "d"}
     assert pod["spec"]["nodeSelector"] == {"a": "b"}
