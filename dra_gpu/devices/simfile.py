@@ -5,7 +5,7 @@ such as ``migDevice`` fails loudly instead of silently simulating a GPU without 
 checked against the real MIG rules with ``simulated.profile_errors``. Every problem is reported
 at once in one ``ProfileError``.
 
-Use ``simulated.resolve_profile`` for ``--simulate``: it imports this module only for paths.
+Use ``profiles.resolve_profile`` for ``--simulate``: it imports this module only for paths.
 """
 
 from __future__ import annotations

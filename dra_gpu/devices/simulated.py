@@ -12,7 +12,8 @@ the same UUIDs on every run and two nodes never share one.
 Built-in profiles: ``h200x8`` (the real H200 of ``shared/fixtures``, eight of them),
 ``h100x8`` (H100 SXM 80GB HBM3) and ``a100x4-mig`` (A100-SXM4-40GB, three with MIG layouts of
 mixed profiles). Custom profiles are files read by ``dra_gpu.devices.simfile`` (format in
-docs/simulated-profiles.md). This module imports neither pydantic nor yaml.
+docs/simulated-profiles.md); ``dra_gpu.devices.profiles`` picks one of the two for
+``--simulate``. This module imports neither pydantic nor yaml.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from dra_gpu.devices import migprofiles
 from dra_gpu.devices.model import Discovery, DiscoveryError, GpuInfo, MigDeviceInfo
@@ -265,17 +265,3 @@ class SimulatedBackend:
             memory_bytes=prof.memory_bytes,
             engines=prof.engines,
         )
-
-
-def resolve_profile(spec: str) -> SimProfile:
-    """A built-in profile name (``h200x8``...) or the path of a profile file."""
-    builtin = BUILTIN_PROFILES.get(spec)
-    if builtin is not None:
-        return builtin
-    path = Path(spec)
-    if path.is_file():
-        from dra_gpu.devices import simfile  # pydantic only when a file is read
-
-        return simfile.load_profile_file(path)
-    names = ", ".join(sorted(BUILTIN_PROFILES))
-    raise ProfileError(f"no built-in profile or file named {spec!r} (built-in: {names})")

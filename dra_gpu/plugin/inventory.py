@@ -50,10 +50,10 @@ def backend_for(
         return nvml.NvmlBackend(
             driver_root=driver_root, call_timeout_s=nvml_timeout_s, observe=nvml_observe
         )
-    from dra_gpu.devices import simulated
+    from dra_gpu.devices import profiles, simulated
 
     try:
-        profile = simulated.resolve_profile(simulate)
+        profile = profiles.resolve_profile(simulate)
     except simulated.ProfileError as err:
         raise InventoryError(str(err)) from err
     return simulated.SimulatedBackend(profile=profile, node_name=node_name)

@@ -9,7 +9,8 @@ from typing import Any
 
 from dra_gpu.devices.model import Device
 from dra_gpu.devices.naming import build_devices
-from dra_gpu.devices.simulated import SimulatedBackend, resolve_profile
+from dra_gpu.devices.profiles import resolve_profile
+from dra_gpu.devices.simulated import SimulatedBackend
 from dra_gpu.plugin.state import DeviceState, StateSettings
 
 DRIVER = "gpu.nvidia.com"

@@ -17,7 +17,7 @@ import yaml
 from nvml_fakes import FakeGpu, FakeNvml
 
 from dra_gpu import cli, discover_cmd, slices
-from dra_gpu.devices import nvml, simulated
+from dra_gpu.devices import nvml, profiles, simulated
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -79,7 +79,7 @@ def test_nvml_path_prints_readable_gpus_and_fails_on_skipped(
 
 
 def test_resolve_profile_builtin_is_pure_data() -> None:
-    assert simulated.resolve_profile("h200x8") is simulated.BUILTIN_PROFILES["h200x8"]
+    assert profiles.resolve_profile("h200x8") is simulated.BUILTIN_PROFILES["h200x8"]
     assert slices.MAX_DEVICES_PER_SLICE == 128
 
 

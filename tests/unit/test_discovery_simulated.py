@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_gpu.devices import migprofiles, model, naming, simulated
+from dra_gpu.devices import migprofiles, model, naming, profiles, simulated
 from dra_gpu.devices.model import Device, MigDeviceInfo, Version
 from dra_gpu.devices.simulated import ProfileError, SimGpu, SimMig, SimProfile
 
@@ -183,7 +183,7 @@ gpus:
 def test_yaml_profile_file(tmp_path: Path) -> None:
     path = tmp_path / "mixed.yaml"
     path.write_text(YAML_PROFILE)
-    profile = simulated.resolve_profile(str(path))
+    profile = profiles.resolve_profile(str(path))
     d = simulated.SimulatedBackend(profile=profile, node_name="n").discover()
     devices = naming.build_devices(d.gpus)
     assert [x.name for x in devices] == ["gpu-0", "gpu-1", "gpu-2-mig-7g40gb-0-0"]
@@ -198,7 +198,7 @@ def test_yaml_profile_file(tmp_path: Path) -> None:
 def test_json_profile_file(tmp_path: Path) -> None:
     path = tmp_path / "one.json"
     path.write_text(json.dumps({"gpus": [{"product": "H200-141GB"}]}))
-    profile = simulated.resolve_profile(str(path))
+    profile = profiles.resolve_profile(str(path))
     assert profile.name == "one" and len(profile.gpus) == 1
 
 
@@ -236,13 +236,13 @@ def test_bad_profile_file_names_the_problem(tmp_path: Path, content: str, messag
     path = tmp_path / "bad.yaml"
     path.write_text(content)
     with pytest.raises(ProfileError) as e:
-        simulated.resolve_profile(str(path))
+        profiles.resolve_profile(str(path))
     assert message in str(e.value)
 
 
 def test_unknown_profile_lists_builtins() -> None:
     with pytest.raises(ProfileError, match=r"built-in: a100x4-mig, h100x8, h200x8"):
-        simulated.resolve_profile("h300x8")
+        profiles.resolve_profile("h300x8")
 
 
 def test_docs_list_every_builtin_profile_and_product() -> None:
