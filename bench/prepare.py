@@ -15,8 +15,9 @@ by the real scheduler. The benchmark then acts as the kubelet over the DRA unix 
 
 ``--server plugin`` (default) measures ``dra-gpu kubelet-plugin`` as deployed (its DRA calls are
 serialized node-wide by a file lock); ``standalone`` measures ``python -m
-dra_gpu.plugin.dra_service`` on the same state, which has no such lock. ``--metrics`` measures
-the plugin without and then with ``--metrics-address`` (the cost of ``/metrics`` on prepare).
+dra_gpu.kubeletplugin.dra_service`` on the same state, which has no such lock. ``--metrics``
+measures the plugin without and then with ``--metrics-address`` (the cost of ``/metrics`` on
+prepare).
 
 Targets on this 2-core machine: p50 < 10 ms, p99 < 50 ms, >= 100 claims/s.
 """
@@ -111,7 +112,7 @@ def servers(cluster: Cluster, node: str, root: Path, kind: str) -> Iterator[Path
                     [
                         sys.executable,
                         "-m",
-                        "dra_gpu.plugin.dra_service",
+                        "dra_gpu.kubeletplugin.dra_service",
                         *("--node-name", node, "--simulate", str(profile)),
                         *("--cdi-root", str(dirs.cdi_root), "--state-dir", str(dirs.state)),
                         "--socket",

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import dra_gpu
-from dra_gpu import slices
 from dra_gpu.devices import naming
 from dra_gpu.devices.model import CAP_MEMORY, Device, Discovery, GpuBackend
+from dra_gpu.kubeletplugin import slices
 
 POOL_GENERATION = 1
 

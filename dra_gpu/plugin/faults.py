@@ -1,6 +1,6 @@
 """Fault injection for crash tests: die with SIGKILL right after a named step.
 
-The process main passes ``from_env(os.environ)`` to :class:`dra_gpu.plugin.state.DeviceState`
+The process main passes ``from_env(os.environ)`` to :class:`dra_gpu.prepare.state.DeviceState`
 as its ``fault`` collaborator. With ``DRA_GPU_FAULT=<step>`` (one of ``state.FAULT_STEPS``) the
 plugin kills itself the first time it reaches that step, exactly as an OOM kill or a node
 problem would, so tests can check what a restart recovers. Unset: a no-op.
@@ -13,7 +13,7 @@ import os
 import signal
 from collections.abc import Callable, Mapping
 
-from dra_gpu.plugin.state import FAULT_STEPS
+from dra_gpu.prepare.state import FAULT_STEPS
 
 ENV_VAR = "DRA_GPU_FAULT"
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from dra_gpu import metrics
     from dra_gpu.devices.model import Device
     from dra_gpu.kube.client import KubeClient
-    from dra_gpu.plugin.state import DeviceState
+    from dra_gpu.prepare.state import DeviceState
 
 log = logging.getLogger("dra_gpu.plugin")
 
@@ -57,7 +57,7 @@ def device_state(
     """
     import contextlib
 
-    from dra_gpu.plugin import call_lock, dra_service
+    from dra_gpu.kubeletplugin import call_lock, dra_service
 
     return dra_service.make_state(
         driver_name=settings.driver_name,
@@ -128,7 +128,9 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     from dra_gpu.devices import health_rules
     from dra_gpu.kube import errors
     from dra_gpu.kube.client import connect
-    from dra_gpu.plugin import events, health_monitor, inventory, node_plugin, slice_api, sockets
+    from dra_gpu.kubeletplugin import slice_api, sockets
+    from dra_gpu.plugin import health_monitor, inventory, node_plugin
+    from dra_gpu.prepare import events
 
     measured: metrics.PluginMetrics | None = None
     if settings.metrics_address is not None:
@@ -161,7 +163,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         # (pydantic, the checkpoint models) take longer to load than publishing takes, and
         # publishing needs none of them.
         nonlocal state, with_events
-        from dra_gpu.plugin import dra_service
+        from dra_gpu.kubeletplugin import dra_service
 
         state = device_state(settings, client=client, inventory=lambda: current)
         # What answers the kubelet: the state, plus Events on failures, plus metrics when asked.
@@ -249,7 +251,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         log.error("cannot serve: %s", err)
         return 1
     except Exception as err:
-        from dra_gpu.plugin.checkpoint import CheckpointError  # loaded by then (register_dra)
+        from dra_gpu.prepare.checkpoint import CheckpointError  # loaded by then (register_dra)
 
         if not isinstance(err, CheckpointError):
             raise
@@ -267,7 +269,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
 
 def _prepared_counts(state: DeviceState) -> tuple[int, int]:
     """(claims, devices) prepared on this node, as the checkpoint says."""
-    from dra_gpu.plugin import checkpoint
+    from dra_gpu.prepare import checkpoint
 
     try:
         claims = state.store.load().claims.values()

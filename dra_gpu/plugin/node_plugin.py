@@ -31,10 +31,8 @@ from pathlib import Path
 
 import grpc
 
-from dra_gpu import slices
 from dra_gpu.devices.model import Device
-from dra_gpu.pb import pluginregistration_v1_pb2_grpc
-from dra_gpu.plugin import (
+from dra_gpu.kubeletplugin import (
     call_lock,
     device_health,
     grpc_health,
@@ -42,8 +40,10 @@ from dra_gpu.plugin import (
     publisher,
     registration,
     slice_plan,
+    slices,
     sockets,
 )
+from dra_gpu.pb import pluginregistration_v1_pb2_grpc
 from dra_gpu.plugin.settings import POD_UID_PATTERN, Settings, socket_paths
 
 log = logging.getLogger(__name__)

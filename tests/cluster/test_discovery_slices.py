@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 import dra_gpu
-from dra_gpu import discover_cmd, slices
+from dra_gpu import discover_cmd
 from dra_gpu.devices import naming, simulated
+from dra_gpu.kubeletplugin import slices
 from e2e.cluster import Cluster, ClusterError
 
 NODE = "discovery-dry-run-node"

@@ -37,10 +37,10 @@ import pytest
 
 from dra_gpu.controller import classes
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from dra_gpu.plugin import cdi
-from dra_gpu.plugin.cdi_validate import validate_spec
-from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
-from dra_gpu.plugin.state import FAULT_STEPS
+from dra_gpu.prepare import cdi
+from dra_gpu.prepare.cdi_validate import validate_spec
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
+from dra_gpu.prepare.state import FAULT_STEPS
 from e2e import cdi_validator, procs, waiting
 from e2e.cluster import Cluster
 from e2e.driver import PluginDirs, plugin_argv

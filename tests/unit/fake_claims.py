@@ -10,7 +10,7 @@ from typing import Any
 from dra_gpu.devices.model import Device
 from dra_gpu.devices.naming import build_devices
 from dra_gpu.devices.simulated import SimulatedBackend, resolve_profile
-from dra_gpu.plugin.state import DeviceState, StateSettings
+from dra_gpu.prepare.state import DeviceState, StateSettings
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"

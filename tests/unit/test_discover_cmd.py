@@ -16,8 +16,9 @@ import pytest
 import yaml
 from nvml_fakes import FakeGpu, FakeNvml
 
-from dra_gpu import cli, discover_cmd, slices
+from dra_gpu import cli, discover_cmd
 from dra_gpu.devices import nvml, simulated
+from dra_gpu.kubeletplugin import slices
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

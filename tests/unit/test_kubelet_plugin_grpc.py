@@ -25,6 +25,15 @@ import urllib3
 from fake_slice_store import FakeSliceStore
 
 from dra_gpu.kube.client import KubeClient
+from dra_gpu.kubeletplugin import (
+    call_lock,
+    device_health,
+    dra_service,
+    grpc_health,
+    healthz,
+    slice_plan,
+    sockets,
+)
 from dra_gpu.pb import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -37,17 +46,7 @@ from dra_gpu.pb import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from dra_gpu.plugin import (
-    call_lock,
-    device_health,
-    dra_service,
-    grpc_health,
-    healthz,
-    inventory,
-    node_plugin,
-    slice_plan,
-    sockets,
-)
+from dra_gpu.plugin import inventory, node_plugin
 from dra_gpu.plugin import main as plugin_main
 from dra_gpu.plugin import settings as plugin_settings
 

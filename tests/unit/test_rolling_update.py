@@ -30,11 +30,13 @@ from fake_claims import FakeFetcher, claim, device_state, inventory, result
 from fake_slice_store import FakeSliceStore
 from test_kubelet_plugin_grpc import TIMEOUT_S, make_settings
 
+from dra_gpu.kubeletplugin import call_lock, dra_service
+from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
-from dra_gpu.plugin import call_lock, cdi, dra_service, node_plugin
+from dra_gpu.plugin import node_plugin
 from dra_gpu.plugin import settings as plugin_settings
-from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
-from dra_gpu.plugin.ids import ClaimUID
+from dra_gpu.prepare import cdi
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
 
 STARTS = int(os.environ.get("DRA_GPU_ROLLING_STARTS", "40"))
 CLIENTS = 6

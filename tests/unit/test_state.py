@@ -54,12 +54,14 @@ from fake_claims import (
     result,
 )
 
-from dra_gpu.plugin import call_lock, cdi, faults
-from dra_gpu.plugin.cdi_validate import validate_spec
-from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimRef
-from dra_gpu.plugin.state import FAULT_STEPS, DeviceState
+from dra_gpu.kubeletplugin import call_lock
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.plugin import faults
+from dra_gpu.prepare import cdi
+from dra_gpu.prepare.cdi_validate import validate_spec
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
+from dra_gpu.prepare.plan import ClaimRef
+from dra_gpu.prepare.state import FAULT_STEPS, DeviceState
 from e2e import waiting
 
 INVENTORY = inventory()
@@ -483,8 +485,8 @@ _KILLED_MID_WRITE = """
 import os, signal, sys
 from pathlib import Path
 from fake_claims import FakeFetcher, claim, device_state, inventory, result
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimRef
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.prepare.plan import ClaimRef
 
 root, kill_at = Path(sys.argv[1]), int(sys.argv[2])
 renames, real_replace = [], os.replace

@@ -9,8 +9,8 @@ plugin's settings, a ``kube.client.KubeClient`` and an inventory callable; :func
 returns the function that restores state (``DeviceState.start``) and adds both services to the
 DRA server before it starts serving.
 
-``python -m dra_gpu.plugin.dra_service --socket PATH ...`` runs only the DRA services on a unix
-socket (no registration, no ResourceSlices): the crash tests and the prepare benchmark use it.
+``python -m dra_gpu.kubeletplugin.dra_service --socket PATH ...`` runs only the DRA services on a
+unix socket (no registration, no ResourceSlices): the crash tests and the prepare benchmark use it.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ import grpc
 from dra_gpu import DRIVER_NAME
 from dra_gpu.devices.model import Device
 from dra_gpu.kube.client import KubeClient, connect
+from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from dra_gpu.plugin import claims, faults
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimRef
-from dra_gpu.plugin.state import CallLock, DeviceState, PrepareResult, StateSettings
+from dra_gpu.plugin import faults
+from dra_gpu.prepare import claims
+from dra_gpu.prepare.plan import ClaimRef
+from dra_gpu.prepare.state import CallLock, DeviceState, PrepareResult, StateSettings
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,9 @@ def registrar(
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dra_gpu.plugin.dra_service", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m dra_gpu.kubeletplugin.dra_service", description=__doc__
+    )
     p.add_argument("--socket", type=Path, required=True, help="unix socket to serve on")
     p.add_argument("--node-name", required=True)
     p.add_argument("--kubeconfig", type=Path, required=True)

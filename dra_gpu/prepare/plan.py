@@ -39,8 +39,8 @@ from dra_gpu.config import (
     parse_opaque_config,
 )
 from dra_gpu.devices.model import Device
-from dra_gpu.plugin.cdi import ClaimDevice
-from dra_gpu.plugin.ids import ClaimUID, DeviceName
+from dra_gpu.kubeletplugin.ids import ClaimUID, DeviceName
+from dra_gpu.prepare.cdi import ClaimDevice
 
 
 class PlanError(Exception):

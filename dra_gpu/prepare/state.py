@@ -57,8 +57,9 @@ from typing import Any, Final, Protocol, TypeGuard
 
 from dra_gpu.config import ConfigError
 from dra_gpu.devices.model import Device
-from dra_gpu.plugin import cdi, cdi_host, records
-from dra_gpu.plugin.checkpoint import (
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.prepare import cdi, cdi_host, records
+from dra_gpu.prepare.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
@@ -68,9 +69,8 @@ from dra_gpu.plugin.checkpoint import (
     ClaimRecord,
     read_boot_id,
 )
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimPlan, ClaimRef, PlanError, plan_claim
-from dra_gpu.plugin.records import PreparedDevice
+from dra_gpu.prepare.plan import ClaimPlan, ClaimRef, PlanError, plan_claim
+from dra_gpu.prepare.records import PreparedDevice
 
 log = logging.getLogger(__name__)
 

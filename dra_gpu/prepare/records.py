@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from dra_gpu.config import parse_opaque_config
-from dra_gpu.plugin import cdi
-from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, ClaimRecord, ClaimState, DeviceRecord
-from dra_gpu.plugin.ids import CDIDeviceID, ClaimUID, DeviceName
-from dra_gpu.plugin.plan import ClaimPlan, PlannedDevice
+from dra_gpu.kubeletplugin.ids import CDIDeviceID, ClaimUID, DeviceName
+from dra_gpu.prepare import cdi
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, ClaimRecord, ClaimState, DeviceRecord
+from dra_gpu.prepare.plan import ClaimPlan, PlannedDevice
 
 
 @dataclass(frozen=True)
