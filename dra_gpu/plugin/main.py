@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING
 from dra_gpu.plugin import settings as plugin_settings
 
 if TYPE_CHECKING:
-    import grpc
-
     from dra_gpu import metrics
     from dra_gpu.devices.model import Device
     from dra_gpu.kube.client import KubeClient
+    from dra_gpu.kubeletplugin.driver import Driver
     from dra_gpu.prepare.state import DeviceState
 
 log = logging.getLogger("dra_gpu.plugin")
@@ -49,17 +48,19 @@ def device_state(
     client: KubeClient,
     inventory: Callable[[], Mapping[str, Device]],
 ) -> DeviceState:
-    """The prepare/unprepare state of this node (restored when the DRA server registers).
+    """The prepare/unprepare state of this node (``serve`` restores it before serving it).
 
     Only instances of a rolling update share the node with another instance: there the
     node-wide call lock keeps the two apart. Within an instance claims run concurrently;
     prepare's per-claim locks and the checkpoint's file lock keep that safe.
     """
     import contextlib
+    import os
 
-    from dra_gpu.kubeletplugin import call_lock, dra_service
+    from dra_gpu.kubeletplugin import call_lock
+    from dra_gpu.plugin import faults, prepare_core
 
-    return dra_service.make_state(
+    return prepare_core.make_state(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         cdi_root=settings.cdi_root,
@@ -69,6 +70,7 @@ def device_state(
         host_driver_root=PurePosixPath(settings.host_driver_root),
         inventory=inventory,
         client=client,
+        fault=faults.from_env(os.environ),
         call_lock=(
             call_lock.NodeCallLock(plugin_settings.socket_paths(settings).lock)
             if settings.rolling_update
@@ -158,24 +160,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     state: DeviceState | None = None
     with_events: events.FailureEvents | None = None
 
-    def register_dra(server: grpc.Server) -> None:
-        # The prepare side is imported and built here, once the publisher runs: its modules
-        # (pydantic, the checkpoint models) take longer to load than publishing takes, and
-        # publishing needs none of them.
-        nonlocal state, with_events
-        from dra_gpu.kubeletplugin import dra_service
-
-        state = device_state(settings, client=client, inventory=lambda: current)
-        # What answers the kubelet: the state, plus Events on failures, plus metrics when asked.
-        with_events = events.FailureEvents(state, client, node_name=settings.node_name)
-        handler: dra_service.PrepareHandler = with_events
-        if measured is not None:
-            handler = measured.measured(with_events)
-        dra_service.registrar(state, handler)(server)
-
-    plugin = node_plugin.NodePlugin(
-        settings, store=store, devices=devices, register_dra=register_dra
-    )
+    plugin = node_plugin.NodePlugin(settings, store=store, devices=devices)
 
     try:
         published = store.list_slices()
@@ -226,7 +211,17 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         f", rolling-update instance {settings.pod_uid}" if settings.rolling_update else "",
     )
     try:
-        plugin.start()
+        plugin.start_publishing()
+        # The prepare side is imported and built only now, once the publisher runs: its modules
+        # (pydantic, the checkpoint models) take longer to load than publishing takes, and
+        # publishing needs none of them.
+        state = device_state(settings, client=client, inventory=lambda: current)
+        with plugin.exclusive():
+            state.start()  # restore: roll back or finish what a crash left, rebuild CDI specs
+        # What answers the kubelet: the state, plus Events on failures, plus metrics when asked.
+        with_events = events.FailureEvents(state, client, node_name=settings.node_name)
+        driver: Driver = with_events if measured is None else measured.measured(with_events)
+        plugin.serve(driver)
         watcher = inventory.watcher_for(
             simulate=settings.simulate,
             node_name=settings.node_name,
@@ -251,7 +246,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         log.error("cannot serve: %s", err)
         return 1
     except Exception as err:
-        from dra_gpu.prepare.checkpoint import CheckpointError  # loaded by then (register_dra)
+        from dra_gpu.prepare.checkpoint import CheckpointError  # loaded by then (device_state)
 
         if not isinstance(err, CheckpointError):
             raise

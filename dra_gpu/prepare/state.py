@@ -57,6 +57,10 @@ from typing import Any, Final, Protocol, TypeGuard
 
 from dra_gpu.config import ConfigError
 from dra_gpu.devices.model import Device
+from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice
+
+# The kit's result type; named here too because prepare's callers have always found it here.
+from dra_gpu.kubeletplugin.driver import PrepareResult as PrepareResult
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.prepare import cdi, cdi_host, records
 from dra_gpu.prepare.checkpoint import (
@@ -69,8 +73,7 @@ from dra_gpu.prepare.checkpoint import (
     ClaimRecord,
     read_boot_id,
 )
-from dra_gpu.prepare.plan import ClaimPlan, ClaimRef, PlanError, plan_claim
-from dra_gpu.prepare.records import PreparedDevice
+from dra_gpu.prepare.plan import ClaimPlan, PlanError, plan_claim
 
 log = logging.getLogger(__name__)
 
@@ -114,13 +117,6 @@ class StateSettings:
     proc_root: Path = Path("/proc")
     # The driver root as the container runtime sees it, when the plugin sees it elsewhere.
     host_driver_root: PurePosixPath | None = None
-
-
-@dataclass(frozen=True)
-class PrepareResult:
-    devices: tuple[PreparedDevice, ...] = ()
-    error: str = ""
-    kind: str = ""  # the error's class name: a bounded label for metrics and events
 
 
 @dataclass(frozen=True)
