@@ -131,7 +131,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     from dra_gpu.kube import errors
     from dra_gpu.kube.client import connect
     from dra_gpu.kubeletplugin import slice_api, sockets
-    from dra_gpu.plugin import health_monitor, inventory, node_plugin
+    from dra_gpu.plugin import current_devices, health_monitor, inventory, node_plugin
     from dra_gpu.prepare import events
 
     measured: metrics.PluginMetrics | None = None
@@ -155,8 +155,8 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         log.error("cannot start: %s", err)
         return 1
     store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
-    # Prepare looks devices up in the latest inventory (it may change while the plugin runs).
-    current = {d.name: d for d in devices}
+    # The devices now: re-discovery changes them while the plugin runs.
+    devices_now = current_devices.Inventory(devices)
     state: DeviceState | None = None
     with_events: events.FailureEvents | None = None
 
@@ -174,17 +174,17 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     )
 
     def set_devices(new: Sequence[Device]) -> None:
-        nonlocal current
-        current = {d.name: d for d in new}
         monitor.set_devices(new, in_use=state.prepared_devices() if state else None)
         if measured is not None:
             measured.rediscovery_changes.inc()
+
+    devices_now.subscribe(set_devices)
 
     def published_devices() -> list[tuple[str, str]]:
         health = plugin.health.snapshot().devices
         return [
             (str(d.type), health[d.name].health if d.name in health else "UNKNOWN")
-            for d in current.values()
+            for d in devices_now.devices()
         ]
 
     def prepared_counts() -> tuple[int, int]:
@@ -215,7 +215,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         # The prepare side is imported and built only now, once the publisher runs: its modules
         # (pydantic, the checkpoint models) take longer to load than publishing takes, and
         # publishing needs none of them.
-        state = device_state(settings, client=client, inventory=lambda: current)
+        state = device_state(settings, client=client, inventory=devices_now.by_name)
         with plugin.exclusive():
             state.start()  # restore: roll back or finish what a crash left, rebuild CDI specs
         # What answers the kubelet: the state, plus Events on failures, plus metrics when asked.
@@ -228,7 +228,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
             backend=backend,
             current=devices,
             errors=discovery_errors,
-            listener=set_devices,
+            listener=devices_now.set,
             rediscover_interval_s=settings.rediscover_interval_s,
         )
         if watcher is not None:

@@ -44,11 +44,11 @@ from dra_gpu.kubeletplugin import (
     publisher,
     registration,
     slice_plan,
-    slices,
     sockets,
 )
 from dra_gpu.kubeletplugin.driver import Driver
 from dra_gpu.pb import pluginregistration_v1_pb2_grpc
+from dra_gpu.plugin import published
 from dra_gpu.plugin.settings import POD_UID_PATTERN, Settings, socket_paths
 
 log = logging.getLogger(__name__)
@@ -66,12 +66,11 @@ def renderer(
     frozen_taints = dict(taints or {})
 
     def render(node_uid: str) -> list[publisher.JSON]:
-        return slices.build_resource_slices(
-            devices=frozen,
+        return published.node_slices(
+            frozen,
             driver_name=settings.driver_name,
             node_name=settings.node_name,
-            pool_generation=0,
-            node_owner=(settings.node_name, node_uid),
+            node_uid=node_uid,
             taints=frozen_taints,
         )
 
