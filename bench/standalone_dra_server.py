@@ -55,7 +55,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         host_driver_root=None,
         inventory=lambda: devices,
         client=connect(args.kubeconfig),
-        fault=lambda step: None,
         call_lock=contextlib.nullcontext,
     )
     state.start()

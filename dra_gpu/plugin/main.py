@@ -55,10 +55,9 @@ def device_state(
     prepare's per-claim locks and the checkpoint's file lock keep that safe.
     """
     import contextlib
-    import os
 
     from dra_gpu.kubeletplugin import call_lock
-    from dra_gpu.plugin import faults, prepare_core
+    from dra_gpu.plugin import prepare_core
 
     return prepare_core.make_state(
         driver_name=settings.driver_name,
@@ -70,7 +69,6 @@ def device_state(
         host_driver_root=PurePosixPath(settings.host_driver_root),
         inventory=inventory,
         client=client,
-        fault=faults.from_env(os.environ),
         call_lock=(
             call_lock.NodeCallLock(plugin_settings.socket_paths(settings).lock)
             if settings.rolling_update

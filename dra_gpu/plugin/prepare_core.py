@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from dra_gpu.devices.model import Device
 from dra_gpu.kube.client import KubeClient
 from dra_gpu.prepare import claims
-from dra_gpu.prepare.state import CallLock, DeviceState, Fault, StateSettings
+from dra_gpu.prepare.state import CallLock, DeviceState, StateSettings
 
 
 def make_state(
@@ -27,7 +27,6 @@ def make_state(
     host_driver_root: PurePosixPath | None,
     inventory: Callable[[], Mapping[str, Device]],
     client: KubeClient,
-    fault: Fault,
     call_lock: CallLock,
 ) -> DeviceState:
     """The prepare handler as the plugin process runs it: claims read from the API server,
@@ -44,7 +43,6 @@ def make_state(
         ),
         inventory=inventory,
         claims=claims.KubeClaimFetcher(client),
-        fault=fault,
         report=claims.NodeEventReporter(client, node_name=node_name),
         call_lock=call_lock,
     )

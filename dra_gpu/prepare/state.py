@@ -38,8 +38,9 @@ the claims are read from the API before it is taken (the GET is read-only and ev
 claim runs under the lock), so another instance waits for our locked work only, not for our API
 round trips.
 
-Fault injection for crash tests is a collaborator: ``fault(step)`` is called after each step in
-:data:`FAULT_STEPS`; the process main injects one that SIGKILLs itself (``faults.from_env``).
+Crash tests observe the steps through a collaborator: ``fault(step)`` is called after each step
+in :data:`FAULT_STEPS` (the plugin passes none; ``tests/cluster/crash_plugin.py`` starts it with
+one that SIGKILLs the process).
 """
 
 from __future__ import annotations

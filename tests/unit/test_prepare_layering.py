@@ -19,7 +19,6 @@ CORE = [
     "dra_gpu.prepare.plan",
     "dra_gpu.prepare.records",
     "dra_gpu.prepare.state",
-    "dra_gpu.plugin.faults",
 ]
 FORBIDDEN = ("grpc", "kubernetes", "urllib3")
 

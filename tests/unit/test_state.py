@@ -56,7 +56,6 @@ from fake_claims import (
 
 from dra_gpu.kubeletplugin import call_lock
 from dra_gpu.kubeletplugin.ids import ClaimUID
-from dra_gpu.plugin import faults
 from dra_gpu.prepare import cdi
 from dra_gpu.prepare.cdi_validate import validate_spec
 from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
@@ -461,12 +460,6 @@ def test_claim_unprepared_by_the_other_instance_after_the_read_is_read_again(env
     worker.join(10)
     assert env.fetcher.calls == calls + 1, "the claim is read under the lock"
     assert env.specs() == {"u1"} and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
-
-
-def test_fault_switch_from_env() -> None:
-    assert faults.from_env({})("after-cdi-written") is None
-    with pytest.raises(ValueError, match="not a step"):
-        faults.from_env({"DRA_GPU_FAULT": "nonsense"})
 
 
 def test_prepared_devices_are_those_of_prepared_claims(env: Env) -> None:
