@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from dra_gpu.devices.model import Device
 from dra_gpu.kube.client import KubeClient
-from dra_gpu.prepare import claims
+from dra_gpu.prepare import claims, node_facts
 from dra_gpu.prepare.state import CallLock, DeviceState, StateSettings
 
 
@@ -37,12 +37,14 @@ def make_state(
             node_name=node_name,
             cdi_root=cdi_root,
             state_dir=state_dir,
-            simulated=simulated,
-            driver_root=driver_root,
-            host_driver_root=host_driver_root,
         ),
         inventory=inventory,
         claims=claims.KubeClaimFetcher(client),
+        node_facts=(
+            node_facts.simulated
+            if simulated
+            else node_facts.HostNode(driver_root=driver_root, host_driver_root=host_driver_root)
+        ),
         report=claims.NodeEventReporter(client, node_name=node_name),
         call_lock=call_lock,
     )
