@@ -20,9 +20,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dra_gpu import DRIVER_NAME, slices
+from dra_gpu import DRIVER_NAME
 from dra_gpu.devices import naming, simulated
 from dra_gpu.devices.model import Device, GpuBackend
+from dra_gpu.kubeletplugin import slices
 
 TARGET_MS = {"h200x8": 20.0}
 

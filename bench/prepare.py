@@ -14,9 +14,10 @@ by the real scheduler. The benchmark then acts as the kubelet over the DRA unix 
   64 threads; claims/s = 64 / (last answer - first send).
 
 ``--server plugin`` (default) measures ``dra-gpu kubelet-plugin`` as deployed (its DRA calls are
-serialized node-wide by a file lock); ``standalone`` measures ``python -m
-dra_gpu.plugin.dra_service`` on the same state, which has no such lock. ``--metrics`` measures
-the plugin without and then with ``--metrics-address`` (the cost of ``/metrics`` on prepare).
+serialized node-wide by a file lock); ``standalone`` measures
+``bench/standalone_dra_server.py`` on the same state, which has no such lock. ``--metrics``
+measures the plugin without and then with ``--metrics-address`` (the cost of ``/metrics`` on
+prepare).
 
 Targets on this 2-core machine: p50 < 10 ms, p99 < 50 ms, >= 100 claims/s.
 """
@@ -111,8 +112,7 @@ def servers(cluster: Cluster, node: str, root: Path, kind: str) -> Iterator[Path
                 procs.spawn(
                     [
                         sys.executable,
-                        "-m",
-                        "dra_gpu.plugin.dra_service",
+                        str(Path(__file__).with_name("standalone_dra_server.py")),
                         *("--node-name", node, "--simulate", str(profile)),
                         *("--cdi-root", str(dirs.cdi_root), "--state-dir", str(dirs.state)),
                         "--socket",

@@ -25,11 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import dra_gpu
-from dra_gpu import slices
 from dra_gpu.devices import naming
 from dra_gpu.devices.model import CAP_MEMORY, Device, Discovery, GpuBackend
-
-POOL_GENERATION = 1
+from dra_gpu.plugin import published
 
 
 def default_node_name() -> str:
@@ -115,12 +113,12 @@ def render_table(devices: Sequence[Device]) -> str:
 def render(output: str, *, devices: Sequence[Device], node_name: str) -> str:
     if output == "table":
         return render_table(devices)
-    objs = slices.build_resource_slices(
-        devices=devices,
+    objs = published.node_slices(
+        devices,
         driver_name=dra_gpu.DRIVER_NAME,
         node_name=node_name,
-        pool_generation=POOL_GENERATION,
-        node_owner=None,
+        node_uid=None,
+        pool_generation=published.FIRST_GENERATION,
     )
     if output == "json":
         doc: dict[str, Any] = {"apiVersion": "v1", "kind": "List", "items": objs}

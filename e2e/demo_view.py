@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra_gpu.plugin.cdi import env_prefix
+from dra_gpu.prepare.cdi import env_prefix
 from e2e.suite.views import ContainerView
 from e2e.suite.views import pod_claim_names as pod_claim_names  # re-exported for e2e.demo
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_gpu import DRIVER_NAME, slices
+from dra_gpu import DRIVER_NAME
 from dra_gpu.devices import naming, simulated
+from dra_gpu.kubeletplugin import slices
 
 
 def node_slices(

@@ -1,5 +1,6 @@
-"""The kubelet plugin: registration, DRA gRPC services, ResourceSlice publishing, prepare state.
+"""The GPU kubelet plugin: settings, inventory, health monitoring, and the wiring of the kit
+(:mod:`dra_gpu.kubeletplugin`) to the prepare side (:mod:`dra_gpu.prepare`).
 
 Import the submodules directly; this package re-exports nothing so that importing one part
-(e.g. the pure slice planning) never pulls in grpc or the Kubernetes client.
+never pulls in grpc or the Kubernetes client.
 """

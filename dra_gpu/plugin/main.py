@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 from dra_gpu.plugin import settings as plugin_settings
 
 if TYPE_CHECKING:
-    import grpc
-
     from dra_gpu import metrics
     from dra_gpu.devices.model import Device
     from dra_gpu.kube.client import KubeClient
-    from dra_gpu.plugin.state import DeviceState
+    from dra_gpu.kubeletplugin.driver import Driver
+    from dra_gpu.prepare.state import DeviceState
 
 log = logging.getLogger("dra_gpu.plugin")
 
@@ -49,7 +48,7 @@ def device_state(
     client: KubeClient,
     inventory: Callable[[], Mapping[str, Device]],
 ) -> DeviceState:
-    """The prepare/unprepare state of this node (restored when the DRA server registers).
+    """The prepare/unprepare state of this node (``serve`` restores it before serving it).
 
     Only instances of a rolling update share the node with another instance: there the
     node-wide call lock keeps the two apart. Within an instance claims run concurrently;
@@ -57,9 +56,10 @@ def device_state(
     """
     import contextlib
 
-    from dra_gpu.plugin import call_lock, dra_service
+    from dra_gpu.kubeletplugin import call_lock
+    from dra_gpu.plugin import prepare_core
 
-    return dra_service.make_state(
+    return prepare_core.make_state(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         cdi_root=settings.cdi_root,
@@ -128,7 +128,9 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     from dra_gpu.devices import health_rules
     from dra_gpu.kube import errors
     from dra_gpu.kube.client import connect
-    from dra_gpu.plugin import events, health_monitor, inventory, node_plugin, slice_api, sockets
+    from dra_gpu.kubeletplugin import slice_api, sockets
+    from dra_gpu.plugin import current_devices, health_monitor, inventory, node_plugin
+    from dra_gpu.prepare import events
 
     measured: metrics.PluginMetrics | None = None
     if settings.metrics_address is not None:
@@ -151,29 +153,12 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         log.error("cannot start: %s", err)
         return 1
     store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
-    # Prepare looks devices up in the latest inventory (it may change while the plugin runs).
-    current = {d.name: d for d in devices}
+    # The devices now: re-discovery changes them while the plugin runs.
+    devices_now = current_devices.Inventory(devices)
     state: DeviceState | None = None
     with_events: events.FailureEvents | None = None
 
-    def register_dra(server: grpc.Server) -> None:
-        # The prepare side is imported and built here, once the publisher runs: its modules
-        # (pydantic, the checkpoint models) take longer to load than publishing takes, and
-        # publishing needs none of them.
-        nonlocal state, with_events
-        from dra_gpu.plugin import dra_service
-
-        state = device_state(settings, client=client, inventory=lambda: current)
-        # What answers the kubelet: the state, plus Events on failures, plus metrics when asked.
-        with_events = events.FailureEvents(state, client, node_name=settings.node_name)
-        handler: dra_service.PrepareHandler = with_events
-        if measured is not None:
-            handler = measured.measured(with_events)
-        dra_service.registrar(state, handler)(server)
-
-    plugin = node_plugin.NodePlugin(
-        settings, store=store, devices=devices, register_dra=register_dra
-    )
+    plugin = node_plugin.NodePlugin(settings, store=store, devices=devices)
 
     try:
         published = store.list_slices()
@@ -187,17 +172,17 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     )
 
     def set_devices(new: Sequence[Device]) -> None:
-        nonlocal current
-        current = {d.name: d for d in new}
         monitor.set_devices(new, in_use=state.prepared_devices() if state else None)
         if measured is not None:
             measured.rediscovery_changes.inc()
+
+    devices_now.subscribe(set_devices)
 
     def published_devices() -> list[tuple[str, str]]:
         health = plugin.health.snapshot().devices
         return [
             (str(d.type), health[d.name].health if d.name in health else "UNKNOWN")
-            for d in current.values()
+            for d in devices_now.devices()
         ]
 
     def prepared_counts() -> tuple[int, int]:
@@ -224,14 +209,24 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         f", rolling-update instance {settings.pod_uid}" if settings.rolling_update else "",
     )
     try:
-        plugin.start()
+        plugin.start_publishing()
+        # The prepare side is imported and built only now, once the publisher runs: its modules
+        # (pydantic, the checkpoint models) take longer to load than publishing takes, and
+        # publishing needs none of them.
+        state = device_state(settings, client=client, inventory=devices_now.by_name)
+        with plugin.exclusive():
+            state.start()  # restore: roll back or finish what a crash left, rebuild CDI specs
+        # What answers the kubelet: the state, plus Events on failures, plus metrics when asked.
+        with_events = events.FailureEvents(state, client, node_name=settings.node_name)
+        driver: Driver = with_events if measured is None else measured.measured(with_events)
+        plugin.serve(driver)
         watcher = inventory.watcher_for(
             simulate=settings.simulate,
             node_name=settings.node_name,
             backend=backend,
             current=devices,
             errors=discovery_errors,
-            listener=set_devices,
+            listener=devices_now.set,
             rediscover_interval_s=settings.rediscover_interval_s,
         )
         if watcher is not None:
@@ -249,7 +244,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         log.error("cannot serve: %s", err)
         return 1
     except Exception as err:
-        from dra_gpu.plugin.checkpoint import CheckpointError  # loaded by then (register_dra)
+        from dra_gpu.prepare.checkpoint import CheckpointError  # loaded by then (device_state)
 
         if not isinstance(err, CheckpointError):
             raise
@@ -267,7 +262,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
 
 def _prepared_counts(state: DeviceState) -> tuple[int, int]:
     """(claims, devices) prepared on this node, as the checkpoint says."""
-    from dra_gpu.plugin import checkpoint
+    from dra_gpu.prepare import checkpoint
 
     try:
         claims = state.store.load().claims.values()

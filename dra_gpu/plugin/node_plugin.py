@@ -1,14 +1,16 @@
 """Lifecycle of the kubelet plugin: what starts in which order, and how it stops.
 
-Start order (each step needs the one before):
-1. Publisher (its API round trips overlap with the rest of start-up).
-2. DRA server on the DRA socket: restore the prepare state (under the node-wide file lock,
-   exclusively: no DRA call of this or another instance runs meanwhile), then DRAPlugin v1 +
-   v1beta1 (in rolling-update mode, the calls' checkpoint and CDI work holds the same lock, see
-   ``main.device_state``), DRAResourceHealth v1 + v1alpha1, grpc.health.v1.
-3. Registration server on the registry socket. It must come last: the kubelet connects to the
-   DRA endpoint as soon as registration succeeds.
-4. HTTP /healthz, when a port is configured.
+Start order (each step needs the one before; ``main.serve`` runs them):
+1. :meth:`NodePlugin.start_publishing`: the publisher (its API round trips overlap with the
+   rest of start-up).
+2. The driver restores its prepare state inside :meth:`NodePlugin.exclusive` (the node-wide
+   file lock, exclusively: no DRA call of this or another instance runs meanwhile).
+3. :meth:`NodePlugin.serve`: the DRA server on the DRA socket (DRAPlugin v1 + v1beta1 over the
+   driver; in rolling-update mode the calls' checkpoint and CDI work holds the same lock, see
+   ``main.device_state``; DRAResourceHealth v1 + v1alpha1, grpc.health.v1), then the
+   registration server on the registry socket. That must come last: the kubelet connects to
+   the DRA endpoint as soon as registration succeeds. Then HTTP /healthz, when a port is
+   configured.
 
 Stop order is the reverse for the sockets: the registration socket goes first, so the kubelet
 deregisters this instance (and, in a rolling update, switches to the other) before the DRA
@@ -19,24 +21,24 @@ the driver is left for 30 s.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 
-from dra_gpu import slices
 from dra_gpu.devices.model import Device
-from dra_gpu.pb import pluginregistration_v1_pb2_grpc
-from dra_gpu.plugin import (
+from dra_gpu.kubeletplugin import (
     call_lock,
     device_health,
+    dra_service,
     grpc_health,
     healthz,
     publisher,
@@ -44,11 +46,13 @@ from dra_gpu.plugin import (
     slice_plan,
     sockets,
 )
+from dra_gpu.kubeletplugin.driver import Driver
+from dra_gpu.pb import pluginregistration_v1_pb2_grpc
+from dra_gpu.plugin import published
 from dra_gpu.plugin.settings import POD_UID_PATTERN, Settings, socket_paths
 
 log = logging.getLogger(__name__)
 
-DraRegistrar = Callable[[grpc.Server], None]
 DRA_GRACE_S = 10.0
 
 
@@ -62,12 +66,11 @@ def renderer(
     frozen_taints = dict(taints or {})
 
     def render(node_uid: str) -> list[publisher.JSON]:
-        return slices.build_resource_slices(
-            devices=frozen,
+        return published.node_slices(
+            frozen,
             driver_name=settings.driver_name,
             node_name=settings.node_name,
-            pool_generation=0,
-            node_owner=(settings.node_name, node_uid),
+            node_uid=node_uid,
             taints=frozen_taints,
         )
 
@@ -87,12 +90,10 @@ class NodePlugin:
         *,
         store: publisher.SliceStore,
         devices: Sequence[Device],
-        register_dra: DraRegistrar,
         instance: slice_plan.Instance | None = None,
     ) -> None:
         self._settings = settings
         self._paths = socket_paths(settings)
-        self._register_dra = register_dra
         self._stop = threading.Event()
         self.health = device_health.HealthFeed(pool=settings.node_name)
         self.health.set_devices([d.name for d in devices])
@@ -159,10 +160,26 @@ class NodePlugin:
             return "not registered with the kubelet yet"
         return problem
 
-    def start(self) -> None:
+    def start_publishing(self) -> None:
         self.publisher.start(self._stop)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The node-wide lock, held exclusively: for the driver's start-up recovery.
+
+        Recovery rolls back PrepareStarted records and sweeps temp files: in a rolling update,
+        the other instance's call in progress looks exactly like a crash's leftovers. Under
+        this lock (``held``: not shared with this instance's calls, unlike ``NodeCallLock``) it
+        only ever sees what a finished call left.
+        """
         self._settings.plugin_data_dir.mkdir(parents=True, exist_ok=True)
-        self._dra_server = self._start_dra_server()
+        with call_lock.held(self._paths.lock):
+            yield
+
+    def serve(self, driver: Driver) -> None:
+        """Serve ``driver`` to the kubelet: DRA server, then registration, then /healthz."""
+        self._settings.plugin_data_dir.mkdir(parents=True, exist_ok=True)
+        self._dra_server = self._start_dra_server(driver)
         self._reg_server = self._start_registration_server()
         self._serving = True
         if self._settings.healthz_port is not None:
@@ -180,15 +197,9 @@ class NodePlugin:
         sockets.publish(temporary, path)
         log.info("listening on %s", path)
 
-    def _start_dra_server(self) -> grpc.Server:
+    def _start_dra_server(self, driver: Driver) -> grpc.Server:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"))
-        # Start-up recovery (run by register_dra) rolls back PrepareStarted records and sweeps
-        # temp files: in a rolling update, the other instance's call in progress looks exactly
-        # like a crash's leftovers. Recovery therefore takes the node-wide lock exclusively
-        # (``held``: not shared with this instance's calls, unlike ``NodeCallLock``), so it only
-        # ever sees what a finished call left.
-        with call_lock.held(self._paths.lock):
-            self._register_dra(server)
+        dra_service.register_dra_services(server, driver)
         device_health.add_to_server(server, self.health)
         server.add_generic_rpc_handlers((grpc_health.handler(lambda: self.problem() is None),))
         self._serve(server, self._paths.dra)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
-from dra_gpu.plugin import sockets
+from dra_gpu.kubeletplugin import sockets
 
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")

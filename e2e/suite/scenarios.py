@@ -13,7 +13,7 @@ from typing import Any
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.config.quantity import to_bytes as parse_quantity
-from dra_gpu.plugin.cdi import env_prefix
+from dra_gpu.prepare.cdi import env_prefix
 from e2e.suite.runner import Check, Context, Run, Scenario
 
 

@@ -5,7 +5,7 @@ sorted environment, ``== devices``, every ``/dev/nvidia*`` path it has, then ``=
 claim's ``status.allocation`` the suite derives what the container must see — no more, no less:
 
 - ``GPU_DEVICE_<key>=<device name>`` for each allocated device of our driver (the CDI env edit;
-  ``<key>`` is derived from the name, see ``dra_gpu.plugin.cdi.env_prefix``);
+  ``<key>`` is derived from the name, see ``dra_gpu.prepare.cdi.env_prefix``);
 - ``/dev/nvidia<minor>`` for each device (a MIG device shows its parent GPU's node) plus the
   control nodes, which appear iff the container got at least one device.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_gpu import DRIVER_NAME
-from dra_gpu.plugin.cdi import env_prefix
+from dra_gpu.prepare.cdi import env_prefix
 
 CONTROL_NODES = frozenset({"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"})
 _GPU_MINOR = re.compile(r"^gpu-(\d+)(?:-mig-|$)")

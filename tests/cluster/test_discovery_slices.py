@@ -16,24 +16,25 @@ from typing import Any
 import pytest
 
 import dra_gpu
-from dra_gpu import discover_cmd, slices
+from dra_gpu import discover_cmd
 from dra_gpu.devices import naming, simulated
+from dra_gpu.plugin import published
 from e2e.cluster import Cluster, ClusterError
 
 NODE = "discovery-dry-run-node"
 
 
-def profile_slices(profile: str, owner: tuple[str, str] | None) -> list[dict[str, Any]]:
+def profile_slices(profile: str, node_uid: str | None) -> list[dict[str, Any]]:
     backend = simulated.SimulatedBackend(
         profile=simulated.BUILTIN_PROFILES[profile], node_name=NODE
     )
     devices = naming.build_devices(backend.discover().gpus)
-    return slices.build_resource_slices(
-        devices=devices,
+    return published.node_slices(
+        devices,
         driver_name=dra_gpu.DRIVER_NAME,
         node_name=NODE,
-        pool_generation=discover_cmd.POOL_GENERATION,
-        node_owner=owner,
+        node_uid=node_uid,
+        pool_generation=published.FIRST_GENERATION,
     )
 
 
@@ -64,7 +65,7 @@ def test_cli_json_is_accepted_as_is(
 
 @pytest.mark.parametrize("profile", sorted(simulated.BUILTIN_PROFILES))
 def test_server_keeps_devices_unchanged(cluster: Cluster, node_uid: str, profile: str) -> None:
-    ours = profile_slices(profile, (NODE, node_uid))
+    ours = profile_slices(profile, node_uid)
     stored = dry_run(cluster, {"apiVersion": "v1", "kind": "List", "items": ours})
     for mine, theirs in zip(ours, stored, strict=True):
         assert theirs["metadata"]["ownerReferences"][0]["uid"] == node_uid

@@ -11,7 +11,7 @@ Cases:
   are valid for our validator and for the reference Go CDI library; the claim's opaque config
   reaches the container environment; v1beta1 repeats the same answer; unprepare removes the
   specs and the checkpoint entries, twice without error;
-- crash safety: the plugin SIGKILLed (``DRA_GPU_FAULT``) at each step of prepare and unprepare,
+- crash safety: the plugin SIGKILLed (``crash_plugin.py``) at each step of prepare and unprepare,
   restarted, and the call repeated: it succeeds, exactly the expected spec files exist, no temp
   file is left, the checkpoint loads with the expected state.
 """
@@ -37,10 +37,10 @@ import pytest
 
 from dra_gpu.controller import classes
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from dra_gpu.plugin import cdi
-from dra_gpu.plugin.cdi_validate import validate_spec
-from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
-from dra_gpu.plugin.state import FAULT_STEPS
+from dra_gpu.prepare import cdi
+from dra_gpu.prepare.cdi_validate import validate_spec
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
+from dra_gpu.prepare.state import FAULT_STEPS
 from e2e import cdi_validator, procs, waiting
 from e2e.cluster import Cluster
 from e2e.driver import PluginDirs, plugin_argv
@@ -100,7 +100,8 @@ class Node:
         )
         env = {"PATH": "/usr/bin:/bin"}
         if fault:
-            env["DRA_GPU_FAULT"] = fault
+            assert argv[1:3] == ["-m", "dra_gpu"]
+            argv[1:3] = [str(Path(__file__).with_name("crash_plugin.py")), fault]
         log = self.root / "plugin.log"
         self.plugin = Plugin(procs.spawn(argv, log_path=log, env=env), port, log)
         plugin = self.plugin

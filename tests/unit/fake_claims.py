@@ -11,7 +11,8 @@ from dra_gpu.devices.model import Device
 from dra_gpu.devices.naming import build_devices
 from dra_gpu.devices.profiles import resolve_profile
 from dra_gpu.devices.simulated import SimulatedBackend
-from dra_gpu.plugin.state import DeviceState, StateSettings
+from dra_gpu.prepare import node_facts
+from dra_gpu.prepare.state import DeviceState, StateSettings
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -120,13 +121,16 @@ def device_state(
         node_name=NODE,
         cdi_root=root / "cdi",
         state_dir=root / "state",
-        simulated=simulated,
-        driver_root=driver_root,
     )
     return DeviceState(
         settings=settings,
         inventory=lambda: devices,
         claims=claims,
+        node_facts=(
+            node_facts.simulated
+            if simulated
+            else node_facts.HostNode(driver_root=driver_root, host_driver_root=None)
+        ),
         boot_id=boot_id,
         report=report,
         **kwargs,

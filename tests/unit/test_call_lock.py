@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_gpu.plugin import call_lock
+from dra_gpu.kubeletplugin import call_lock
 
 TIMEOUT_S = 10  # bounds a broken lock only
 

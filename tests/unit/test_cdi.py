@@ -20,9 +20,9 @@ import pytest
 
 from dra_gpu.config import default_gpu_config, default_mig_device_config, normalized
 from dra_gpu.config import parse_opaque_config as parse
-from dra_gpu.plugin import cdi, cdi_host
-from dra_gpu.plugin.cdi_validate import minimum_version, validate_spec
-from dra_gpu.plugin.ids import ClaimUID, DeviceName
+from dra_gpu.kubeletplugin.ids import ClaimUID, DeviceName
+from dra_gpu.prepare import cdi, cdi_host
+from dra_gpu.prepare.cdi_validate import minimum_version, validate_spec
 
 UID = ClaimUID("0b5c2a7e-1111-4c2e-9a55-2f1f6f1d0c11")
 

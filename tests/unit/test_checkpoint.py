@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_gpu.plugin import atomicfile
-from dra_gpu.plugin.checkpoint import (
+from dra_gpu.kubeletplugin import atomicfile
+from dra_gpu.prepare.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     SCHEMA_VERSION,

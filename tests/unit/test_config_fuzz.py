@@ -34,9 +34,9 @@ from hypothesis import strategies as st
 
 from dra_gpu.config import ConfigError, parse_opaque_config
 from dra_gpu.controller import admission
-from dra_gpu.plugin import cdi
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimRef, PlanError, plan_claim
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.prepare import cdi
+from dra_gpu.prepare.plan import ClaimRef, PlanError, plan_claim
 
 EXAMPLES: Final = int(os.environ.get("DRA_GPU_FUZZ_EXAMPLES", "200"))
 FUZZ: Final = settings(

@@ -7,7 +7,7 @@ no prepared claim uses leaves the list.
 
 from __future__ import annotations
 
-from dra_gpu.plugin.device_health import GONE, HEALTHY, UNHEALTHY, DeviceState, HealthFeed
+from dra_gpu.kubeletplugin.device_health import GONE, HEALTHY, UNHEALTHY, DeviceState, HealthFeed
 
 
 class Clock:

@@ -14,10 +14,14 @@ import sys
 
 import pytest
 import yaml
+from fake_slice_store import FakeSliceStore
 from nvml_fakes import FakeGpu, FakeNvml
 
-from dra_gpu import cli, discover_cmd, slices
+from dra_gpu import cli, discover_cmd
 from dra_gpu.devices import nvml, profiles, simulated
+from dra_gpu.kubeletplugin import publisher, slices
+from dra_gpu.plugin import inventory, node_plugin
+from dra_gpu.plugin import settings as plugin_settings
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -47,6 +51,34 @@ def test_json_is_the_published_slices(capsys: pytest.CaptureFixture[str]) -> Non
     assert obj["spec"]["driver"] == "gpu.nvidia.com"
     assert [d["name"] for d in obj["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
     assert obj["spec"]["devices"][0]["attributes"]["productName"] == {"string": "NVIDIA H200"}
+
+
+@pytest.mark.parametrize("profile", ["h200x8", "a100x4-mig"])
+def test_json_is_exactly_what_the_plugin_publishes(
+    capsys: pytest.CaptureFixture[str], profile: str
+) -> None:
+    # The plugin's first publish on node n1, into an in-memory API server.
+    settings = plugin_settings.build_settings({"node_name": "n1", "simulate": profile}, {})
+    devices = inventory.discover(inventory.backend_for(simulate=profile, node_name="n1"))
+    store = FakeSliceStore()
+    publisher.Publisher(
+        store=store,
+        node="n1",
+        driver=settings.driver_name,
+        render=node_plugin.renderer(settings, devices),
+        alive=lambda other: False,
+    ).reconcile_once()
+
+    rc, out, _ = run(capsys, "--simulate", profile, "--node-name", "n1", "-o", "json")
+    assert rc == 0
+    # Only the publisher's bookkeeping differs: its annotations, the Node as owner, and what
+    # the API server adds (uid, resourceVersion).
+    for obj in store.slices.values():
+        for key in ("annotations", "ownerReferences", "uid", "resourceVersion"):
+            obj["metadata"].pop(key, None)
+    assert json.loads(out)["items"] == sorted(
+        store.slices.values(), key=lambda s: str(s["metadata"]["name"])
+    )
 
 
 def test_yaml_matches_json(capsys: pytest.CaptureFixture[str]) -> None:

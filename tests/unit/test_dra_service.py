@@ -18,8 +18,8 @@ import grpc
 import pytest
 from fake_claims import NODE, FakeFetcher, claim, device_state, inventory, result
 
+from dra_gpu.kubeletplugin.dra_service import register_dra_services
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from dra_gpu.plugin.dra_service import register_dra_services
 
 INVENTORY = inventory()
 

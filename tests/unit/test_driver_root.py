@@ -27,12 +27,12 @@ from fake_claims import FakeFetcher, claim, inventory, result
 from dra_gpu import discover_cmd
 from dra_gpu.devices import nvml
 from dra_gpu.devices.model import Discovery
-from dra_gpu.plugin import cdi, claims
+from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.plugin import main as plugin_main
 from dra_gpu.plugin import settings as plugin_settings
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimRef
-from dra_gpu.plugin.state import DeviceState
+from dra_gpu.prepare import cdi, claims
+from dra_gpu.prepare.plan import ClaimRef
+from dra_gpu.prepare.state import DeviceState
 
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 NO_API: Any = None  # claims come from a FakeFetcher; nothing reaches an API server

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from dra_gpu import slices
 from dra_gpu.devices import health_events, health_rules
 from dra_gpu.devices.health_events import Clear, HealthEvent, Injected
 from dra_gpu.devices.model import Device
-from dra_gpu.plugin import device_health, device_taints, inventory
+from dra_gpu.kubeletplugin import device_health, slices
+from dra_gpu.plugin import device_taints, inventory
 from dra_gpu.plugin.health_monitor import HealthMonitor
 
 DRIVER = "gpu.nvidia.com"

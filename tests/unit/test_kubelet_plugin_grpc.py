@@ -23,8 +23,17 @@ import grpc
 import pytest
 import urllib3
 from fake_slice_store import FakeSliceStore
+from plugin_start import start_serving
 
 from dra_gpu.kube.client import KubeClient
+from dra_gpu.kubeletplugin import (
+    call_lock,
+    device_health,
+    grpc_health,
+    healthz,
+    slice_plan,
+    sockets,
+)
 from dra_gpu.pb import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -37,45 +46,13 @@ from dra_gpu.pb import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from dra_gpu.plugin import (
-    call_lock,
-    device_health,
-    dra_service,
-    grpc_health,
-    healthz,
-    inventory,
-    node_plugin,
-    slice_plan,
-    sockets,
-)
+from dra_gpu.plugin import inventory, node_plugin
 from dra_gpu.plugin import main as plugin_main
 from dra_gpu.plugin import settings as plugin_settings
+from dra_gpu.prepare.state import DeviceState
 
 NODE = "node-a"
 TIMEOUT_S = 10  # bounds a broken server only
-
-
-class EmptyV1(dra_v1_pb2_grpc.DRAPluginServicer):
-    """Stands in for the prepare service: answers every call with an empty response."""
-
-    def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        return dra_v1_pb2.NodePrepareResourcesResponse()
-
-    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        return dra_v1_pb2.NodeUnprepareResourcesResponse()
-
-
-class EmptyV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
-    def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        return dra_v1beta1_pb2.NodePrepareResourcesResponse()
-
-    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        return dra_v1beta1_pb2.NodeUnprepareResourcesResponse()
-
-
-def register_empty_dra(server: grpc.Server) -> None:
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(EmptyV1(), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(EmptyV1beta1(), server)
 
 
 def make_settings(root: Path, *extra: str) -> plugin_settings.Settings:
@@ -106,17 +83,12 @@ def start_plugin(short_root: Path) -> Iterator[Callable[..., node_plugin.NodePlu
     started: list[node_plugin.NodePlugin] = []
     devices = inventory.discover(inventory.backend_for(simulate="h200x8", node_name=NODE))
 
-    def start(
-        *extra: str, register_dra: node_plugin.DraRegistrar = register_empty_dra
-    ) -> node_plugin.NodePlugin:
+    def start(*extra: str, state: DeviceState | None = None) -> node_plugin.NodePlugin:
         plugin = node_plugin.NodePlugin(
-            make_settings(short_root, *extra),
-            store=FakeSliceStore(),
-            devices=devices,
-            register_dra=register_dra,
+            make_settings(short_root, *extra), store=FakeSliceStore(), devices=devices
         )
         started.append(plugin)
-        plugin.start()
+        start_serving(plugin, state)
         return plugin
 
     yield start
@@ -193,13 +165,8 @@ def test_serves_when_the_socket_paths_are_at_the_length_limit(short_root: Path) 
     root = short_root / ("d" * pad)
     assert len(str(paths(root).registration).encode()) == sockets.MAX_PATH
     devices = inventory.discover(inventory.backend_for(simulate="h200x8", node_name=NODE))
-    plugin = node_plugin.NodePlugin(
-        make_settings(root),
-        store=FakeSliceStore(),
-        devices=devices,
-        register_dra=register_empty_dra,
-    )
-    plugin.start()
+    plugin = node_plugin.NodePlugin(make_settings(root), store=FakeSliceStore(), devices=devices)
+    start_serving(plugin)
     try:
         assert get_info(paths(root).registration).endpoint == str(root / "data" / "dra.sock")
     finally:
@@ -330,20 +297,18 @@ def test_readyz_waits_for_registration_and_healthz_does_not() -> None:
         server.stop()
 
 
-def prepare_state(root: Path, *extra: str) -> node_plugin.DraRegistrar:
-    """The plugin's own prepare state and DRA services (no claims: the API is never asked)."""
+def prepare_state(root: Path, *extra: str) -> DeviceState:
+    """The plugin's own prepare state (no claims: the API is never asked)."""
     settings = make_settings(root, "--state-dir", str(root / "state"), *extra)
     unused = KubeClient(host="https://127.0.0.1:9", pool=urllib3.PoolManager(), auth_headers=dict)
-    return dra_service.registrar(
-        plugin_main.device_state(settings, client=unused, inventory=lambda: {})
-    )
+    return plugin_main.device_state(settings, client=unused, inventory=lambda: {})
 
 
 def test_rolling_update_calls_wait_for_the_node_wide_lock(
     start_plugin: Any, short_root: Path
 ) -> None:
     uid = "pod-a"  # short: unix socket paths are limited to 107 bytes
-    start_plugin("--pod-uid", uid, register_dra=prepare_state(short_root, "--pod-uid", uid))
+    start_plugin("--pod-uid", uid, state=prepare_state(short_root, "--pod-uid", uid))
     p = paths(short_root, "--pod-uid", uid)
     prepare = dra_v1_pb2.NodePrepareResourcesRequest()
     unprepare = dra_v1_pb2.NodeUnprepareResourcesRequest()
@@ -365,7 +330,7 @@ def test_rolling_update_calls_wait_for_the_node_wide_lock(
 def test_single_instance_calls_do_not_wait_for_the_lock(
     start_plugin: Any, short_root: Path
 ) -> None:
-    start_plugin(register_dra=prepare_state(short_root))
+    start_plugin(state=prepare_state(short_root))
     p = paths(short_root)
     with channel(p.dra) as ch, call_lock.held(p.lock):
         stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
@@ -434,7 +399,6 @@ def test_older_rolling_update_instance_stands_by_until_the_newer_one_is_gone(
             make_settings(short_root, "--pod-uid", uid),
             store=store,
             devices=inventory.discover(inventory.backend_for(simulate=profile, node_name=NODE)),
-            register_dra=register_empty_dra,
             instance=slice_plan.Instance(started_ns, uid),
         )
 
@@ -452,7 +416,7 @@ def test_older_rolling_update_instance_stands_by_until_the_newer_one_is_gone(
     old.publisher.reconcile_once()
     assert products() == {"NVIDIA A100-SXM4-40GB"}
     try:
-        new.start()
+        start_serving(new)
         assert new.publisher.wait_synced(TIMEOUT_S)
         assert old.publisher.reconcile_once().standby_for == slice_plan.Instance(2, "uid-new")
         assert products() == {"NVIDIA H200"}

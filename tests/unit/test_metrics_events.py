@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dra_gpu import metrics
-from dra_gpu.plugin import events
+from dra_gpu.prepare import events
 
 
 @pytest.mark.parametrize(
@@ -167,7 +167,7 @@ def test_dashboard_queries_only_series_that_exist() -> None:
 
 
 def test_checkpoint_writes_are_counted_and_exported(tmp_path: Path) -> None:
-    from dra_gpu.plugin.checkpoint import CheckpointStore
+    from dra_gpu.prepare.checkpoint import CheckpointStore
 
     store = CheckpointStore(tmp_path)
     store.update(lambda c: c.with_boot_id("a"), durable=True)

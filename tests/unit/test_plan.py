@@ -25,8 +25,8 @@ from fake_claims import (
 )
 
 from dra_gpu.config import default_mig_device_config, normalized, parse_opaque_config
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimRef, PlanError, plan_claim
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.prepare.plan import ClaimRef, PlanError, plan_claim
 
 INVENTORY = inventory()
 MIG = "gpu-1-mig-1g5gb-19-2"

@@ -34,12 +34,12 @@ def loaded_forbidden(*modules: str, forbidden: tuple[str, ...] = FORBIDDEN) -> l
 @pytest.mark.parametrize(
     "module",
     [
-        "dra_gpu.plugin.slice_plan",
-        "dra_gpu.plugin.publisher",
+        "dra_gpu.kubeletplugin.slice_plan",
+        "dra_gpu.kubeletplugin.publisher",
         "dra_gpu.plugin.settings",
         "dra_gpu.kube.errors",
         "dra_gpu.kube.credentials",
-        "dra_gpu.plugin.sockets",
+        "dra_gpu.kubeletplugin.sockets",
         "dra_gpu.plugin.inventory",
         "dra_gpu.plugin.main",
     ],
@@ -49,7 +49,7 @@ def test_core_module_imports_no_transport(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["dra_gpu.kube.client", "dra_gpu.plugin.slice_api", "dra_gpu.plugin.claims"]
+    "module", ["dra_gpu.kube.client", "dra_gpu.kubeletplugin.slice_api", "dra_gpu.prepare.claims"]
 )
 def test_api_io_imports_no_official_client(module: str) -> None:
     assert loaded_forbidden(module, forbidden=("grpc", "kubernetes")) == []

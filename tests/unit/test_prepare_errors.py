@@ -27,9 +27,9 @@ from fake_claims import (
     result,
 )
 
-from dra_gpu.plugin import claims
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimRef
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.prepare import claims
+from dra_gpu.prepare.plan import ClaimRef
 
 REF = ClaimRef(uid=ClaimUID("bad"), namespace="default", name="claim-bad")
 

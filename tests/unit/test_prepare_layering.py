@@ -12,14 +12,13 @@ import pytest
 
 CORE = [
     "dra_gpu.config",
-    "dra_gpu.plugin.cdi",
-    "dra_gpu.plugin.cdi_host",
-    "dra_gpu.plugin.cdi_validate",
-    "dra_gpu.plugin.checkpoint",
-    "dra_gpu.plugin.plan",
-    "dra_gpu.plugin.records",
-    "dra_gpu.plugin.state",
-    "dra_gpu.plugin.faults",
+    "dra_gpu.prepare.cdi",
+    "dra_gpu.prepare.cdi_host",
+    "dra_gpu.prepare.cdi_validate",
+    "dra_gpu.prepare.checkpoint",
+    "dra_gpu.prepare.plan",
+    "dra_gpu.prepare.records",
+    "dra_gpu.prepare.state",
 ]
 FORBIDDEN = ("grpc", "kubernetes", "urllib3")
 

@@ -22,10 +22,10 @@ from fake_claims import FakeFetcher, claim, device_state, result
 
 from dra_gpu.devices import naming
 from dra_gpu.devices.nvml import NvmlBackend
-from dra_gpu.plugin import cdi, cdi_host
-from dra_gpu.plugin.cdi_validate import validate_spec
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimRef
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.prepare import cdi, cdi_host
+from dra_gpu.prepare.cdi_validate import validate_spec
+from dra_gpu.prepare.plan import ClaimRef
 
 pytestmark = pytest.mark.nvml
 

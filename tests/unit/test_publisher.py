@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fake_slice_store import FakeSliceStore
 
-from dra_gpu.plugin import publisher, slice_plan
+from dra_gpu.kubeletplugin import publisher, slice_plan
 from e2e import waiting
 
 NODE = "node-a"

@@ -28,13 +28,16 @@ import grpc
 import pytest
 from fake_claims import FakeFetcher, claim, device_state, inventory, result
 from fake_slice_store import FakeSliceStore
+from plugin_start import start_serving
 from test_kubelet_plugin_grpc import TIMEOUT_S, make_settings
 
+from dra_gpu.kubeletplugin import call_lock
+from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
-from dra_gpu.plugin import call_lock, cdi, dra_service, node_plugin
+from dra_gpu.plugin import node_plugin
 from dra_gpu.plugin import settings as plugin_settings
-from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
-from dra_gpu.plugin.ids import ClaimUID
+from dra_gpu.prepare import cdi
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
 
 STARTS = int(os.environ.get("DRA_GPU_ROLLING_STARTS", "40"))
 CLIENTS = 6
@@ -64,14 +67,9 @@ class Node:
             boot_id=lambda: "boot",
             call_lock=call_lock.NodeCallLock(plugin_settings.socket_paths(settings).lock),
         )
-        plugin = node_plugin.NodePlugin(
-            settings,
-            store=FakeSliceStore(),
-            devices=self.devices,
-            register_dra=dra_service.registrar(state),
-        )
+        plugin = node_plugin.NodePlugin(settings, store=FakeSliceStore(), devices=self.devices)
         self.plugins[str(settings.pod_uid)] = plugin
-        plugin.start()
+        start_serving(plugin, state)
         return settings
 
     def stop_instance(self, settings: plugin_settings.Settings) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dra_gpu.plugin import slice_plan
+from dra_gpu.kubeletplugin import slice_plan
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"

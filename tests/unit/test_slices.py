@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import pytest
 
-from dra_gpu import slices
 from dra_gpu.devices import naming, simulated
 from dra_gpu.devices.model import Device, Version
+from dra_gpu.kubeletplugin import slices
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 

@@ -54,12 +54,13 @@ from fake_claims import (
     result,
 )
 
-from dra_gpu.plugin import call_lock, cdi, faults
-from dra_gpu.plugin.cdi_validate import validate_spec
-from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimRef
-from dra_gpu.plugin.state import FAULT_STEPS, DeviceState
+from dra_gpu.kubeletplugin import call_lock
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.prepare import cdi
+from dra_gpu.prepare.cdi_validate import validate_spec
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
+from dra_gpu.prepare.plan import ClaimRef
+from dra_gpu.prepare.state import FAULT_STEPS, DeviceState
 from e2e import waiting
 
 INVENTORY = inventory()
@@ -461,12 +462,6 @@ def test_claim_unprepared_by_the_other_instance_after_the_read_is_read_again(env
     assert env.specs() == {"u1"} and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
 
 
-def test_fault_switch_from_env() -> None:
-    assert faults.from_env({})("after-cdi-written") is None
-    with pytest.raises(ValueError, match="not a step"):
-        faults.from_env({"DRA_GPU_FAULT": "nonsense"})
-
-
 def test_prepared_devices_are_those_of_prepared_claims(env: Env) -> None:
     env.fetcher.add(claim("u1", [result("gpu-0"), result(MIG, "infer")]))
     state = env.state()
@@ -483,8 +478,8 @@ _KILLED_MID_WRITE = """
 import os, signal, sys
 from pathlib import Path
 from fake_claims import FakeFetcher, claim, device_state, inventory, result
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimRef
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.prepare.plan import ClaimRef
 
 root, kill_at = Path(sys.argv[1]), int(sys.argv[2])
 renames, real_replace = [], os.replace

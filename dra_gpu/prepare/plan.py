@@ -39,24 +39,15 @@ from dra_gpu.config import (
     parse_opaque_config,
 )
 from dra_gpu.devices.model import Device
-from dra_gpu.plugin.cdi import ClaimDevice
-from dra_gpu.plugin.ids import ClaimUID, DeviceName
+
+# ClaimRef is the kit's; named here too because prepare's callers have always found it here.
+from dra_gpu.kubeletplugin.driver import ClaimRef as ClaimRef
+from dra_gpu.kubeletplugin.ids import DeviceName
+from dra_gpu.prepare.cdi import ClaimDevice
 
 
 class PlanError(Exception):
     """The claim cannot be prepared here; the message is shown to the user as is."""
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    """A claim as the kubelet names it."""
-
-    uid: ClaimUID
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True)

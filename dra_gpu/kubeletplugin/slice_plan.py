@@ -34,7 +34,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dra_gpu import slices
+from dra_gpu.kubeletplugin import slices
 
 JSON = dict[str, Any]
 

@@ -8,10 +8,12 @@ uses only the highest generation, so the publisher bumps it whenever the device 
 Slice names are deterministic (``<node>-<driver>-<i>``, made a valid DNS subdomain) so that a
 restarted plugin updates its own slices instead of leaking new ones.
 
-Attribute encoding: ``bool`` is tested before ``int`` (``bool`` is an ``int`` in Python) and
-``Version`` is distinct from ``str``. Capacities are Kubernetes quantities in their canonical
-binary form (``150754820096`` -> ``143771Mi``), which is what the API server returns anyway,
-so a published slice compares equal to the one read back.
+A device is anything with a name, attributes and capacities (:class:`SliceDevice`: a driver
+passes its own device values). Attribute encoding: ``bool`` is tested before ``int`` (``bool``
+is an ``int`` in Python), and a version (:class:`VersionValue`, printed as
+``major.minor.patch``) is distinct from ``str``. Capacities are Kubernetes quantities in their
+canonical binary form (``150754820096`` -> ``143771Mi``), which is what the API server returns
+anyway, so a published slice compares equal to the one read back.
 """
 
 from __future__ import annotations
@@ -19,14 +21,42 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-from dra_gpu.devices.model import AttributeValue, Device, Version
+from typing import Any, Protocol
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
 MAX_NAME_LENGTH = 253
+
+
+class VersionValue(Protocol):
+    """A semantic version attribute; ``str()`` gives ``major.minor.patch``."""
+
+    @property
+    def major(self) -> int: ...
+
+    @property
+    def minor(self) -> int: ...
+
+    @property
+    def patch(self) -> int: ...
+
+
+AttributeValue = bool | int | str | VersionValue
+
+
+class SliceDevice(Protocol):
+    """What a slice publishes of a device."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def attributes(self) -> Mapping[str, AttributeValue]: ...
+
+    @property
+    def capacity(self) -> Mapping[str, int]: ...
+
 
 _BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 _NOT_DNS = re.compile(r"[^a-z0-9.-]+")
@@ -50,12 +80,12 @@ def encode_attribute(value: AttributeValue) -> dict[str, Any]:
         return {"bool": value}
     if isinstance(value, int):
         return {"int": value}
-    if isinstance(value, Version):
-        return {"version": str(value)}
-    return {"string": value}
+    if isinstance(value, str):
+        return {"string": value}
+    return {"version": str(value)}
 
 
-def device_to_api(device: Device, taints: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+def device_to_api(device: SliceDevice, taints: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": device.name,
         "attributes": {k: encode_attribute(v) for k, v in device.attributes.items()},
@@ -78,7 +108,7 @@ def slice_name(*, node_name: str, driver_name: str, index: int) -> str:
     return name
 
 
-def _chunks(devices: Sequence[Device], size: int) -> list[Sequence[Device]]:
+def _chunks(devices: Sequence[SliceDevice], size: int) -> list[Sequence[SliceDevice]]:
     if not devices:
         return [()]
     return [devices[i : i + size] for i in range(0, len(devices), size)]
@@ -86,7 +116,7 @@ def _chunks(devices: Sequence[Device], size: int) -> list[Sequence[Device]]:
 
 def build_resource_slices(
     *,
-    devices: Sequence[Device],
+    devices: Sequence[SliceDevice],
     driver_name: str,
     node_name: str,
     pool_generation: int,

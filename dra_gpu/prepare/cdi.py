@@ -12,7 +12,7 @@ and from the node's facts:
 
 - :class:`RealNode`: the claimed GPUs' device nodes (``/dev/nvidia<minor>``; for MIG also the
   GI/CI capability nodes), the control nodes, and the driver's user-space files bind-mounted
-  read-only. Facts are read by :mod:`dra_gpu.plugin.cdi_host`.
+  read-only. Facts are read by :mod:`dra_gpu.prepare.cdi_host`.
 - :class:`SimulatedNode`: the same shape, with a harmless host device (``/dev/null``) standing in
   for every NVIDIA device node, so a container shows exactly which devices it got.
 
@@ -22,7 +22,7 @@ in upper case (``gpu-3`` -> ``GPU_DEVICE_3``, as in NVIDIA's example driver). A 
 several claims and the runtime merges their environments, so the key must be unique on the node:
 a position in the claim would make a second claim's ``GPU_DEVICE_0`` hide the first one's.
 
-Writes are atomic (:mod:`dra_gpu.plugin.atomicfile`): a runtime reading the directory sees
+Writes are atomic (:mod:`dra_gpu.kubeletplugin.atomicfile`): a runtime reading the directory sees
 either no spec or a complete one, also across a crash of the plugin.
 """
 
@@ -35,8 +35,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Final, Literal
 
 from dra_gpu.config import DeviceConfig, GpuConfig
-from dra_gpu.plugin import atomicfile, cdi_validate
-from dra_gpu.plugin.ids import CDIDeviceID, ClaimUID, DeviceName
+from dra_gpu.kubeletplugin import atomicfile
+from dra_gpu.kubeletplugin.ids import CDIDeviceID, ClaimUID, DeviceName
+from dra_gpu.prepare import cdi_validate
 
 VENDOR: Final = "k8s.gpu.nvidia.com"
 CLASS: Final = "claim"

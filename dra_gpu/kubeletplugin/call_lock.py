@@ -12,11 +12,11 @@ they are for a lone instance, so a burst of calls to one instance runs in parall
 its checkpoint writes together, instead of one fsynced call at a time. The other instance waits
 until this one has no call left in its locked section.
 
-:func:`held` (:func:`dra_gpu.plugin.atomicfile.locked`) takes the same file exclusively for one
-block, against the threads of its own process too: its own open file description conflicts with
-the one :class:`NodeCallLock` holds. Start-up recovery holds it (``node_plugin``), so no DRA call
-of either instance runs during recovery, and a new instance does not mistake the other
-instance's call in progress for a crash's leftovers.
+:func:`held` (:func:`dra_gpu.kubeletplugin.atomicfile.locked`) takes the same file exclusively
+for one block, against the threads of its own process too: its own open file description
+conflicts with the one :class:`NodeCallLock` holds. Start-up recovery holds it
+(``node_plugin``), so no DRA call of either instance runs during recovery, and a new instance
+does not mistake the other instance's call in progress for a crash's leftovers.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from dra_gpu.plugin.atomicfile import locked as held
+from dra_gpu.kubeletplugin.atomicfile import locked as held
 
 __all__ = ["NodeCallLock", "held"]
 

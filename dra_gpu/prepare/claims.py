@@ -15,8 +15,8 @@ from urllib.parse import quote
 
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient
-from dra_gpu.plugin import events
-from dra_gpu.plugin.plan import PlanError
+from dra_gpu.prepare import events
+from dra_gpu.prepare.plan import PlanError
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,9 @@ the claims are read from the API before it is taken (the GET is read-only and ev
 claim runs under the lock), so another instance waits for our locked work only, not for our API
 round trips.
 
-Fault injection for crash tests is a collaborator: ``fault(step)`` is called after each step in
-:data:`FAULT_STEPS`; the process main injects one that SIGKILLs itself (``faults.from_env``).
+Crash tests observe the steps through a collaborator: ``fault(step)`` is called after each step
+in :data:`FAULT_STEPS` (the plugin passes none; ``tests/cluster/crash_plugin.py`` starts it with
+one that SIGKILLs the process).
 """
 
 from __future__ import annotations
@@ -51,14 +52,19 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, Protocol, TypeGuard
 
 from dra_gpu.config import ConfigError
 from dra_gpu.devices.model import Device
-from dra_gpu.plugin import cdi, cdi_host, records
-from dra_gpu.plugin.checkpoint import (
+from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice
+
+# The kit's result type; named here too because prepare's callers have always found it here.
+from dra_gpu.kubeletplugin.driver import PrepareResult as PrepareResult
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.prepare import cdi, records
+from dra_gpu.prepare.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
@@ -68,9 +74,8 @@ from dra_gpu.plugin.checkpoint import (
     ClaimRecord,
     read_boot_id,
 )
-from dra_gpu.plugin.ids import ClaimUID
-from dra_gpu.plugin.plan import ClaimPlan, ClaimRef, PlanError, plan_claim
-from dra_gpu.plugin.records import PreparedDevice
+from dra_gpu.prepare.node_facts import NodeFacts
+from dra_gpu.prepare.plan import ClaimPlan, PlanError, plan_claim
 
 log = logging.getLogger(__name__)
 
@@ -109,18 +114,6 @@ class StateSettings:
     node_name: str  # also the pool name
     cdi_root: Path
     state_dir: Path
-    simulated: bool
-    driver_root: Path = Path("/")
-    proc_root: Path = Path("/proc")
-    # The driver root as the container runtime sees it, when the plugin sees it elsewhere.
-    host_driver_root: PurePosixPath | None = None
-
-
-@dataclass(frozen=True)
-class PrepareResult:
-    devices: tuple[PreparedDevice, ...] = ()
-    error: str = ""
-    kind: str = ""  # the error's class name: a bounded label for metrics and events
 
 
 @dataclass(frozen=True)
@@ -183,6 +176,7 @@ class DeviceState:
         settings: StateSettings,
         inventory: Inventory,
         claims: ClaimFetcher,
+        node_facts: NodeFacts,
         fault: Fault = _no_fault,
         report: Report = _log_report,
         boot_id: Callable[[], str] = read_boot_id,
@@ -193,13 +187,13 @@ class DeviceState:
         self._call_lock = call_lock
         self._inventory = inventory
         self._claims = claims
+        self._node = node_facts
         self._fault = fault
         self._report = report
         self._boot_id = boot_id
         self.store = store or CheckpointStore(settings.state_dir, rebuild=self._adopt_specs)
         self._locks = _KeyedLocks()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="prepare")
-        self._real_base: cdi.RealNode | None = None
 
     # --- the kubelet's calls ------------------------------------------------------------------
 
@@ -347,22 +341,6 @@ class DeviceState:
             return f"{what} {ref}: {exc}"
         log.exception("%s %s (%s) failed unexpectedly", what, ref, ref.uid)
         return f"{what} {ref}: internal error: {type(exc).__name__}: {exc}"
-
-    # --- node facts ---------------------------------------------------------------------------
-
-    def _node(self, devices: Sequence[cdi.ClaimDevice]) -> cdi.Node:
-        if self.settings.simulated:
-            return cdi.SimulatedNode()
-        s = self.settings
-        if self._real_base is None:
-            # Driver files and the device root do not change while the plugin runs.
-            self._real_base = cdi_host.read_real_node(
-                driver_root=s.driver_root, host_driver_root=s.host_driver_root
-            )
-        migs = [(d.minor, d.gi_id or 0, d.ci_id or 0) for d in devices if d.type == "mig"]
-        if not migs:
-            return self._real_base
-        return replace(self._real_base, mig_caps=cdi_host.mig_caps(s.proc_root, migs))
 
     def prepared_devices(self) -> set[str] | None:
         """This pool's devices in prepared claims; None when the checkpoint cannot be read."""

@@ -8,25 +8,14 @@ way back, :func:`record_from_spec`, saves what a spec holds when the checkpoint 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from dra_gpu.config import parse_opaque_config
-from dra_gpu.plugin import cdi
-from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, ClaimRecord, ClaimState, DeviceRecord
-from dra_gpu.plugin.ids import CDIDeviceID, ClaimUID, DeviceName
-from dra_gpu.plugin.plan import ClaimPlan, PlannedDevice
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One device of a prepared claim, as the kubelet gets it."""
-
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: DeviceName
-    cdi_device_ids: tuple[CDIDeviceID, ...]
-    share_id: str | None = None
+from dra_gpu.kubeletplugin.driver import PreparedDevice
+from dra_gpu.kubeletplugin.ids import CDIDeviceID, ClaimUID, DeviceName
+from dra_gpu.prepare import cdi
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, ClaimRecord, ClaimState, DeviceRecord
+from dra_gpu.prepare.plan import ClaimPlan, PlannedDevice
 
 
 class RecordIncomplete(ValueError):

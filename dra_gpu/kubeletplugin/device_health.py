@@ -8,12 +8,11 @@ Design:
   ``health_check_timeout_seconds`` without news and marks devices Unknown.
 - A stream holds one server thread for its life; it ends when the client goes away or the feed
   is closed at shutdown. Waits are short so a vanished client frees its thread soon.
-- Devices start HEALTHY when discovery reports them. A device that re-discovery (see
-  ``inventory.Watcher``) no longer finds turns UNHEALTHY and stays listed, while a prepared
-  claim holds it, until it is found again.
-- A device of a GPU with a fault (an XID or ECC event that taints it, see ``device_taints``)
-  is UNHEALTHY with the fault as its message, until the GPU recovers or is cleared
-  (``HealthFeed.set_faults``). Being gone wins over a fault: it says more.
+- Devices start HEALTHY when discovery reports them. A device that the driver's re-discovery
+  no longer finds turns UNHEALTHY and stays listed, while a prepared claim holds it, until it
+  is found again.
+- A device with a fault the driver reports (``HealthFeed.set_faults``) is UNHEALTHY with the
+  fault as its message, until the driver clears it. Being gone wins over a fault: it says more.
 """
 
 from __future__ import annotations
@@ -70,10 +69,10 @@ class HealthFeed:
     def set_devices(self, names: Sequence[str], *, in_use: Collection[str] | None = None) -> None:
         """The discovered devices changed: new ones start HEALTHY, known ones keep their state.
 
-        A device discovery no longer finds (a GPU that stopped answering NVML) stays in the
+        A device discovery no longer finds (hardware that stopped answering) stays in the
         list as UNHEALTHY while a pod may hold it (``in_use``; None: unknown, keep them all),
-        so the kubelet shows it in that pod's status; a lost device nobody uses (e.g. a MIG
-        device the administrator destroyed) leaves the list. A device found again is HEALTHY.
+        so the kubelet shows it in that pod's status; a lost device nobody uses (e.g. a
+        partition the administrator destroyed) leaves the list. A device found again is HEALTHY.
         """
         now = int(self._clock())
         with self._cond:
@@ -97,7 +96,7 @@ class HealthFeed:
         return DeviceState(HEALTHY, now) if fault is None else DeviceState(UNHEALTHY, now, fault)
 
     def set_faults(self, messages: Mapping[str, str]) -> None:
-        """Devices of faulty GPUs (name -> why) turn UNHEALTHY; those no longer faulty HEALTHY.
+        """Faulty devices (name -> why) turn UNHEALTHY; those no longer faulty HEALTHY.
 
         A gone device stays as it is (it turns healthy or faulty when it is found again).
         """

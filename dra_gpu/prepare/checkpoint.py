@@ -55,7 +55,7 @@ from typing import Any, Final, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
-from dra_gpu.plugin import atomicfile
+from dra_gpu.kubeletplugin import atomicfile
 
 SCHEMA_VERSION: Final = 3
 COMPATIBLE_VERSION: Final = 1  # versions 2 and 3 only added fields: a version-1 reader can use it

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from dra_gpu.kube import errors
-from dra_gpu.plugin import slice_plan
+from dra_gpu.kubeletplugin import slice_plan
 
 log = logging.getLogger(__name__)
 

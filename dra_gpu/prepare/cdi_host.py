@@ -1,6 +1,6 @@
 """Read the facts a real node's CDI specs need: driver files, device node root, MIG caps.
 
-I/O only; the spec itself is built by the pure :func:`dra_gpu.plugin.cdi.build_spec`.
+I/O only; the spec itself is built by the pure :func:`dra_gpu.prepare.cdi.build_spec`.
 
 - Driver root: where the NVIDIA user-space driver lives as the plugin sees it, ``/`` for a
   host install or e.g. ``/run/nvidia/driver`` for a driver container. The files found under it
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from dra_gpu.plugin.cdi import CDIError, Mount, RealNode
+from dra_gpu.prepare.cdi import CDIError, Mount, RealNode
 
 LIBRARY_DIRS: Final = (
     "usr/lib/x86_64-linux-gnu",

@@ -1,0 +1,83 @@
+"""gRPC adapter: the kubelet's DRAPlugin services (v1 and v1beta1) over a :class:`Driver`.
+
+Only translates messages: claims in, per-claim results out. Every claim of a request gets an
+entry in the response; a claim's failure is its ``error`` (the kubelet then ignores its
+devices), never a gRPC error for the whole call. ``share_id`` exists only in v1.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from dra_gpu.kubeletplugin.driver import ClaimRef, Driver
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def _refs(claims_in: Any) -> tuple[list[ClaimRef], dict[str, str]]:
+    """Claims from a request, deduplicated; plus errors for claims missing required fields."""
+    refs: dict[str, ClaimRef] = {}
+    invalid: dict[str, str] = {}
+    for claim in claims_in:
+        if not (claim.uid and claim.namespace and claim.name):
+            invalid[claim.uid] = (
+                f"claim {claim.namespace}/{claim.name} ({claim.uid}): "
+                "uid, namespace and name are all required"
+            )
+            continue
+        refs.setdefault(
+            claim.uid, ClaimRef(uid=ClaimUID(claim.uid), namespace=claim.namespace, name=claim.name)
+        )
+    return list(refs.values()), invalid
+
+
+def _servicer(driver: Driver, pb: ModuleType, base: type, *, share_id: bool) -> Any:
+    class Servicer(base):  # type: ignore[misc]
+        def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+            refs, invalid = _refs(request.claims)
+            response = pb.NodePrepareResourcesResponse()
+            for uid, message in invalid.items():
+                response.claims[uid].error = message
+            for uid, result in driver.prepare(refs).items():
+                entry = response.claims[uid]
+                if result.error:
+                    entry.error = result.error
+                    continue
+                for device in result.devices:
+                    out = entry.devices.add(
+                        request_names=device.request_names,
+                        pool_name=device.pool_name,
+                        device_name=device.device_name,
+                        cdi_device_ids=device.cdi_device_ids,
+                    )
+                    if share_id and device.share_id:
+                        out.share_id = device.share_id
+            return response
+
+        def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+            refs, invalid = _refs(request.claims)
+            response = pb.NodeUnprepareResourcesResponse()
+            for uid, message in invalid.items():
+                response.claims[uid].error = message
+            for uid, error in driver.unprepare(refs).items():
+                response.claims[uid].error = error
+            return response
+
+    return Servicer()
+
+
+def register_dra_services(server: grpc.Server, driver: Driver) -> None:
+    """Add DRAPlugin v1 and v1beta1, both served by ``driver``."""
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
+        _servicer(driver, dra_v1_pb2, dra_v1_pb2_grpc.DRAPluginServicer, share_id=True), server
+    )
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+        _servicer(driver, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPluginServicer, share_id=False),
+        server,
+    )

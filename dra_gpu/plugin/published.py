@@ -1,0 +1,40 @@
+"""The ResourceSlices this node publishes for its GPUs: the one writer of their bodies.
+
+Both the plugin's publisher (through ``node_plugin.renderer``) and ``dra-gpu discover -o
+json|yaml`` take the slices from :func:`node_slices`, so what ``discover`` prints is what the
+plugin publishes on that node (the publisher adds only its bookkeeping: the pool generation of
+each write, its annotations, the Node's UID as owner). Pure; no API client here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dra_gpu.devices.model import Device
+from dra_gpu.kubeletplugin import slices
+
+JSON = dict[str, Any]
+FIRST_GENERATION = 1  # the pool generation of a node's first publish
+
+
+def node_slices(
+    devices: Sequence[Device],
+    *,
+    driver_name: str,
+    node_name: str,
+    node_uid: str | None,
+    taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    pool_generation: int = 0,
+) -> list[JSON]:
+    """``node_uid``: the Node as the slices' owner (None: no owner, for printing).
+    ``taints``: device name -> its taints (``device_taints.device_taints``). The publisher
+    sets ``pool_generation`` itself; ``discover`` prints :data:`FIRST_GENERATION`."""
+    return slices.build_resource_slices(
+        devices=devices,
+        driver_name=driver_name,
+        node_name=node_name,
+        pool_generation=pool_generation,
+        node_owner=None if node_uid is None else (node_name, node_uid),
+        taints=taints,
+    )
