@@ -13,7 +13,7 @@
 # NVML. Every instruction uses the exec form, so no shell runs in the final image.
 
 # The public base names its Debian release, so that a base made locally from Debian packages
-# (e2e/base_image.py, where no registry is reachable) is of the same release.
+# (e2e/images/base.py, where no registry is reachable) is of the same release.
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 # The build stage's base: the same unless a build without index access passes one that carries
 # the wheels and pip's settings (docs/install.md, "Building without access to a registry or

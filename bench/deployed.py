@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from e2e.deployed import Checks, Report, deployed
-from e2e.deployed_env import DeployedEnv
+from e2e.deployed.env import DeployedEnv
+from e2e.deployed.run import Checks, Report, deployed
 
 
 def main() -> int:

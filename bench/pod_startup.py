@@ -27,7 +27,7 @@ from kubernetes import watch
 
 from e2e.cluster import Cluster
 from e2e.driver import Driver, PluginProcess, controller_process
-from e2e.node import Node
+from e2e.node.kubelet_node import Node
 from e2e.suite.kube import Kube, load_manifests, wait_for
 from e2e.suite.runner import SCENARIOS_DIR
 

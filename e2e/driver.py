@@ -34,7 +34,7 @@ from e2e import helm, probes, procs, waiting
 from e2e.suite.kube import RESOURCE, Kube, wait_for
 
 if TYPE_CHECKING:
-    from e2e.node import Node
+    from e2e.node.kubelet_node import Node
 
 
 class ManagedProcess:

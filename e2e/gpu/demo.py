@@ -40,12 +40,12 @@ from typing import Any
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.controller.classes import GPU_CLASS
-from e2e import images
 from e2e.cluster import Cluster
 from e2e.driver import Driver, PluginProcess, controller_process
 from e2e.gpu import image
+from e2e.images import node_images as images
 from e2e.kubelet_calls import prepare_cycles
-from e2e.node import Node
+from e2e.node.kubelet_node import Node
 from e2e.suite.kube import RESOURCE, Kube, wait_for
 
 NAMESPACE = "gpu-demo"

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from e2e import images
+from e2e.images import node_images as images
 
 CHECK_IMAGE = "localhost/dra-gpu/cuda-check:1"
 SOURCE = Path(__file__).with_name("gpucheck.c")

@@ -30,8 +30,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e import binaries, images, node_binaries
+from e2e import binaries
 from e2e.gpu import image
+from e2e.images import node_images as images
+from e2e.node import binaries as node_binaries
 
 REPO = Path(__file__).resolve().parents[2]
 CNI_PLUGINS = ("bridge", "host-local", "loopback")

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e import demo, demo_env, demo_view
+from e2e.demo import env as demo_env
+from e2e.demo import run as demo
+from e2e.demo import view as demo_view
 from e2e.suite.kube import Kube
 
 

@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 from collection_output import terminal_log
 
-from e2e import images, procs
+from e2e import procs
 from e2e.cluster import Cluster
-from e2e.deployed_env import REAL_NODE_SELECTOR
+from e2e.deployed.env import REAL_NODE_SELECTOR
 from e2e.driver import Driver, PluginProcess, controller_process
-from e2e.node import Node
-from e2e.node_binaries import ensure_node_binaries
-from e2e.node_cleanup import cgroup_hierarchies, mounts_under
+from e2e.images import node_images as images
+from e2e.node.binaries import ensure_node_binaries
+from e2e.node.cleanup import cgroup_hierarchies, mounts_under
+from e2e.node.kubelet_node import Node
 from e2e.suite.kube import Kube
 from e2e.suite.runner import Context
 

@@ -30,9 +30,9 @@ from plugin_swap import replacing
 from test_pod_device_health import device_health
 
 from e2e.cluster import Cluster
-from e2e.deployed_env import REAL_NODE_SELECTOR
+from e2e.deployed.env import REAL_NODE_SELECTOR
 from e2e.driver import Driver, PluginProcess
-from e2e.node import Node
+from e2e.node.kubelet_node import Node
 from e2e.suite.kube import Kube, wait_for
 
 NODE = "gpu-h200"

@@ -8,9 +8,9 @@ a binary linked against something the image lacks) fails here, before a GPU run 
 
 from __future__ import annotations
 
-from e2e import images
 from e2e.gpu import demo, image
-from e2e.node import Node
+from e2e.images import node_images as images
+from e2e.node.kubelet_node import Node
 from e2e.suite.kube import Kube, wait_for
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from e2e import node as node_module
 from e2e.cluster import Cluster
-from e2e.node import Node
-from e2e.node_binaries import ensure_node_binaries
-from e2e.node_cleanup import NodeRecord, reap_stale
+from e2e.node import kubelet_node as node_module
+from e2e.node.binaries import ensure_node_binaries
+from e2e.node.cleanup import NodeRecord, reap_stale
+from e2e.node.kubelet_node import Node
 from e2e.suite import views
 from e2e.suite.kube import Kube, load_manifests, wait_for
 from e2e.suite.runner import SCENARIOS_DIR

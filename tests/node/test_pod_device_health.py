@@ -17,7 +17,7 @@ from plugin_swap import replacing
 
 from e2e.cluster import Cluster
 from e2e.driver import Driver, PluginProcess
-from e2e.node import Node
+from e2e.node.kubelet_node import Node
 from e2e.suite import runner
 from e2e.suite.kube import wait_for
 from e2e.suite.runner import Context

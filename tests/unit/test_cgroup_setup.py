@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from e2e.node_cleanup import create_in_hierarchy
+from e2e.node.cleanup import create_in_hierarchy
 
 
 def _child_knobs(directory: Path) -> None:

@@ -8,8 +8,9 @@ the reports are read from the containers' logs, nothing after the tear-down).
 
 from __future__ import annotations
 
-from e2e import demo, demo_view
-from e2e.demo_env import DemoState, NodeInfo
+from e2e.demo import run as demo
+from e2e.demo import view as demo_view
+from e2e.demo.env import DemoState, NodeInfo
 
 REASON = (
     "real node demo-h200 unavailable: timed out after 0s waiting for node demo-h200 to be Ready "

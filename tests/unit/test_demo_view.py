@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from e2e import demo_view
+from e2e.demo import view as demo_view
 from e2e.suite.views import ContainerView
 
 KIND = "k8s.gpu.nvidia.com/claim"

@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from e2e import base_image, driver_image, kube_proxy
-from e2e.deployed_env import RELEASES, api_address, release_values
-from e2e.node_config import NodePaths, node_ip
+from e2e.deployed.env import RELEASES, api_address, release_values
+from e2e.images import base as base_image
+from e2e.images import driver as driver_image
+from e2e.node import kube_proxy
+from e2e.node.config import NodePaths, node_ip
 
 ONE_LINE = """
 deb http://mirror.example/debian-security bookworm-security main

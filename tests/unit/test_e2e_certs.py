@@ -20,7 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from e2e import certs, kubeconfigs
+from e2e.cluster import certs, kubeconfigs
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e import binaries, components
+from e2e import binaries
 from e2e.binaries import BuildStep, Versions
+from e2e.cluster import components
 
 
 @pytest.mark.parametrize(

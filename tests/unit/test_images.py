@@ -6,7 +6,7 @@ import io
 import json
 import tarfile
 
-from e2e.images import Entry, ImageSpec, docker_archive, layer_tar
+from e2e.images.node_images import Entry, ImageSpec, docker_archive, layer_tar
 
 
 def _spec(data: bytes = b"hello") -> ImageSpec:

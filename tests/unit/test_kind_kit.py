@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from e2e.node_binaries import ensure_debian_packages
+from e2e.node.binaries import ensure_debian_packages
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 KIND = ROOT / "e2e" / "kind"

@@ -30,7 +30,7 @@ import yaml
 
 from dra_gpu.kube import credentials, errors
 from dra_gpu.kube.client import connect, parse_warnings
-from e2e import certs
+from e2e.cluster import certs
 
 ADDED = {"type": "ADDED", "object": {"metadata": {"name": "a"}}}
 EXPIRED = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "message": "too old"}}

@@ -12,7 +12,8 @@ import uuid
 
 import pytest
 
-from e2e import netlink, node_cleanup
+from e2e.node import cleanup as node_cleanup
+from e2e.node import netlink
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creating interfaces needs root")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from e2e.node_cleanup import mounts_under
+from e2e.node.cleanup import mounts_under
 
 MOUNTINFO = """\
 22 1 254:0 / / rw,relatime - ext4 /dev/vda rw

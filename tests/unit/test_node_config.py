@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from e2e.binaries import module_version
-from e2e.node_binaries import CONTAINERD, RUNC
-from e2e.node_config import (
+from e2e.node.binaries import CONTAINERD, RUNC
+from e2e.node.config import (
     KubeletPorts,
     NodePaths,
     bridge_name,
@@ -94,7 +94,7 @@ def test_plugin_registry_is_the_kubelet_roots_registry_dir() -> None:
 
 @pytest.mark.parametrize("build", [CONTAINERD, RUNC], ids=["containerd", "runc"])
 def test_node_binary_versions_come_from_the_committed_go_modules(build: object) -> None:
-    from e2e.node_binaries import GoBuild
+    from e2e.node.binaries import GoBuild
 
     assert isinstance(build, GoBuild)
     assert build.version.startswith("v")
@@ -111,7 +111,7 @@ def test_module_version_reads_tool_requirements(tmp_path: Path) -> None:
 
 def test_host_wide_names_differ_between_two_nodes_of_the_same_name() -> None:
     # Two sessions may run a node called "gpu-0" at once: nothing host-wide may collide.
-    from e2e.node_config import cgroup_root, node_ip, node_link
+    from e2e.node.config import cgroup_root, node_ip, node_link
 
     other = NodePaths(Path("/tmp/dra-gpu-node-y"))
     for name_of in (lambda p: cgroup_root(p, "gpu-0"), node_link, bridge_name, node_ip):

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from e2e.images import TEST_IMAGE
+from e2e.images.node_images import TEST_IMAGE
 from e2e.suite.kube import load_manifests
 from e2e.suite.runner import SCENARIOS_DIR, with_node_selector
 from e2e.suite.scenarios import BY_NAME

@@ -24,10 +24,10 @@ import tempfile
 from pathlib import Path
 
 from e2e.binaries import cache_root
-from e2e.docker_engine import DockerEngine, Log
-from e2e.node_binaries import ensure_debian_packages
+from e2e.images.docker_engine import DockerEngine, Log
+from e2e.node.binaries import ensure_debian_packages
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 PACKAGES = ("python3", "python3-venv", "python-is-python3")
 REPOSITORY = "localhost/dra-gpu/python-base"

@@ -35,12 +35,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e import driver_image, helm, node_cleanup
+from e2e import helm
 from e2e.cluster import Cluster
-from e2e.docker_engine import DockerEngine
-from e2e.kube_proxy import KubeProxy
-from e2e.node import Node
-from e2e.node_binaries import ensure_node_binaries
+from e2e.images import driver as driver_image
+from e2e.images.docker_engine import DockerEngine
+from e2e.node import cleanup as node_cleanup
+from e2e.node.binaries import ensure_node_binaries
+from e2e.node.kube_proxy import KubeProxy
+from e2e.node.kubelet_node import Node
 
 Log = Callable[[str], None]
 IMAGE_REPOSITORY = "dra-gpu"

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from e2e import netlink
+from e2e.node import netlink
 
 RECORD = "node.json"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from e2e.binaries import build_lock, cache_root, go_build, module_version
 
-GOMOD = Path(__file__).resolve().parent / "gomod"
+GOMOD = Path(__file__).resolve().parents[1] / "gomod"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 DEBIAN_PACKAGES = (
     "busybox-static",

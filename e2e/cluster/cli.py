@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e import binaries, procs, supervisor, waiting
-from e2e.cluster import Cluster
+from e2e.cluster.control_plane import Cluster
 
 MODULE = "e2e.cluster"
 

@@ -42,7 +42,7 @@ from kubernetes.client import ApiException
 
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
 from e2e.cluster import ClusterError
-from e2e.deployed_env import REAL_NODE_SELECTOR, RELEASES, TAGS, DeployedEnv, Release
+from e2e.deployed.env import REAL_NODE_SELECTOR, RELEASES, TAGS, DeployedEnv, Release
 from e2e.suite import runner
 from e2e.suite.kube import RESOURCE, Kube, load_manifests, wait_for
 from e2e.suite.scenarios import BY_NAME, SCENARIOS

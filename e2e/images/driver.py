@@ -26,9 +26,9 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.base_image import REPO_ROOT, ensure_base_image
 from e2e.binaries import cache_root
-from e2e.docker_engine import DockerEngine, Log
+from e2e.images.base import REPO_ROOT, ensure_base_image
+from e2e.images.docker_engine import DockerEngine, Log
 
 LOCK = REPO_ROOT / "requirements.lock"
 PYPROJECT = REPO_ROOT / "pyproject.toml"

@@ -29,9 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from e2e import binaries, images, node_cleanup, procs, waiting
-from e2e.node_binaries import NodeBinaries, ensure_node_binaries
-from e2e.node_config import (
+from e2e import binaries, procs, waiting
+from e2e.images import node_images as images
+from e2e.node import cleanup as node_cleanup
+from e2e.node.binaries import NodeBinaries, ensure_node_binaries
+from e2e.node.config import (
     KubeletPorts,
     NodePaths,
     bridge_name,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from e2e.binaries import cache_root
 from e2e.locked_daemon import LockedDaemon
-from e2e.node_binaries import ensure_debian_packages
+from e2e.node.binaries import ensure_debian_packages
 
 Log = Callable[[str], None]
 PACKAGE = "docker.io"

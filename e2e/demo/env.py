@@ -172,7 +172,7 @@ class Environment:
     def _try_real_node(self, name: str, profile: str, *, required: bool) -> tuple[bool, str]:
         _say(f"[demo] starting real node {name} (kubelet + containerd; built the first time)")
         try:
-            from e2e.node import Node
+            from e2e.node.kubelet_node import Node
 
             node = Node(self.cluster, name=name, workdir=self.workdir / name, log=_say).up()
         except Exception as exc:  # any failure: fall back, and say why

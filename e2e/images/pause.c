@@ -1,5 +1,5 @@
 /* The pod sandbox's only process: hold the pod's namespaces open, reap orphans, exit on request.
- * Built statically with the machine's gcc by e2e/images.py because no registry can be reached. */
+ * Built statically with the machine's gcc by e2e/images/node_images.py because no registry can be reached. */
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>

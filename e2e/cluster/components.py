@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2e import certs
+from e2e.cluster import certs
 
 ETCD = "etcd"
 APISERVER = "kube-apiserver"

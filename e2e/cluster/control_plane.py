@@ -39,8 +39,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from e2e import binaries, certs, components, kubeconfigs, procs, waiting
-from e2e.components import APISERVER, CONTROLLER_MANAGER, ETCD, SCHEDULER, START_ORDER
+from e2e import binaries, procs, waiting
+from e2e.cluster import certs, components, kubeconfigs
+from e2e.cluster.components import APISERVER, CONTROLLER_MANAGER, ETCD, SCHEDULER, START_ORDER
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -489,9 +490,3 @@ class Cluster:
                 # The API server may be stopped on purpose (stop_apiserver): keep trying.
                 with contextlib.suppress(Exception):
                     self._renew_lease(name, datetime.datetime.now(datetime.UTC))
-
-
-if __name__ == "__main__":
-    from e2e import cluster_cli
-
-    sys.exit(cluster_cli.main())

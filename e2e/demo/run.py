@@ -31,12 +31,14 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from e2e import demo_env, demo_view, supervisor
-from e2e.demo_env import DemoState, NodeInfo
+from e2e import supervisor
+from e2e.demo import env as demo_env
+from e2e.demo import view as demo_view
+from e2e.demo.env import DemoState, NodeInfo
 from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
 from e2e.suite.views import LogIncomplete, extended_requests, parse_report
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS_DIR = REPO_ROOT / "e2e" / "scenarios"
 # Shown in this order; together they fit the two nodes' GPUs (8 H200, A100s with MIG). The last
 # is bad input: the admission webhook refuses it.
@@ -155,7 +157,7 @@ def _observe_log(kube: Kube, namespace: str, pod: str, container: str) -> str:
 
 
 def _observe_cdi(kube: Kube, node: NodeInfo, pod: dict[str, Any], container: dict[str, Any]) -> str:
-    from e2e import demo_prepare
+    from e2e.demo import prepare as demo_prepare
 
     namespace = pod["metadata"]["namespace"]
     claim_names = demo_view.pod_claim_names(pod)
