@@ -56,6 +56,7 @@ from typing import Any, Final, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
+from dra_gpu.errors import InternalError
 from dra_gpu.kubeletplugin import atomicfile
 
 SCHEMA_VERSION: Final = 3
@@ -71,7 +72,7 @@ PREPARE_COMPLETED: Final = "PrepareCompleted"
 ClaimState = Literal["PrepareStarted", "PrepareCompleted"]
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(InternalError, RuntimeError):
     """Base of the checkpoint's errors."""
 
 
