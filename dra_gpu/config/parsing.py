@@ -23,6 +23,7 @@ from pydantic_core import ErrorDetails
 
 from dra_gpu.config import v1beta1
 from dra_gpu.config.shown import shown
+from dra_gpu.errors import UserError
 
 # A map key that is safe to print as a path step (``.gpu0``); anything else is quoted
 # (``["0\\n"]``) so that a newline or a 5,000-character key cannot pass for a path.
@@ -48,7 +49,7 @@ class Problem:
         return f"{self.path}: {self.reason}" if self.path else self.reason
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """Opaque parameters that are not a valid ``resource.nvidia.com`` config."""
 
     def __init__(self, problems: Iterable[Problem]) -> None:

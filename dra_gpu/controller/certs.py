@@ -26,6 +26,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from dra_gpu.kubeletplugin import atomicfile
+
 log = logging.getLogger(__name__)
 
 DEFAULT_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -101,11 +103,7 @@ def _issue(
 
 
 def _write(path: Path, data: bytes, *, private: bool) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    atomicfile.write_atomic(path, data, durable=False, mode=0o600 if private else 0o644)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:

@@ -37,6 +37,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu import config as gpu_config
 from dra_gpu.config import quantity
 from dra_gpu.controller import classes, selectors
+from dra_gpu.errors import UserError
 
 _DNS_SUBDOMAIN: Final = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -44,7 +45,7 @@ _DNS_SUBDOMAIN: Final = re.compile(
 _CONFIG_KIND: Final = {"gpu": gpu_config.GPU_CONFIG_KIND, "mig": gpu_config.MIG_DEVICE_CONFIG_KIND}
 
 
-class ClassesFileError(ValueError):
+class ClassesFileError(UserError, ValueError):
     """The file as a whole cannot be used (not YAML, not a mapping, unknown top-level keys)."""
 
 

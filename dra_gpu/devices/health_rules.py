@@ -30,6 +30,8 @@ from typing import Any, Final
 
 import yaml
 
+from dra_gpu.errors import UserError
+
 IGNORE: Final = "Ignore"
 NO_SCHEDULE: Final = "NoSchedule"
 NO_EXECUTE: Final = "NoExecute"
@@ -85,7 +87,7 @@ DEFAULT_EVENTS: Final[Mapping[str, Rule]] = {
 EVENT_KINDS: Final = (XID, *DEFAULT_EVENTS)
 
 
-class HealthConfigError(ValueError):
+class HealthConfigError(UserError, ValueError):
     """The health configuration is unusable; the message names the entry and why."""
 
 

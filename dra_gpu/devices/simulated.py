@@ -25,12 +25,13 @@ from dataclasses import dataclass, replace
 
 from dra_gpu.devices import migprofiles
 from dra_gpu.devices.model import Discovery, DiscoveryError, GpuInfo, MigDeviceInfo
+from dra_gpu.errors import UserError
 
 MIB = migprofiles.MIB
 log = logging.getLogger(__name__)
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError, ValueError):
     """A simulated profile cannot be used; the message lists every problem."""
 
 

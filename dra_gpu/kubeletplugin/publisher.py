@@ -69,7 +69,7 @@ class Publisher:
         resync_s: float = 60.0,
         max_backoff_s: float = 5.0,
         instance: slice_plan.Instance | None = None,
-        alive: Callable[[slice_plan.Instance], bool] = lambda other: True,
+        alive: Callable[[slice_plan.Instance], bool],
     ) -> None:
         self._store = store
         self._node = node

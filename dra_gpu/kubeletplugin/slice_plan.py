@@ -196,7 +196,7 @@ def plan(
     driver: str,
     last_generation: int,
     instance: Instance | None = None,
-    alive: Callable[[Instance], bool] = lambda other: True,
+    alive: Callable[[Instance], bool],
 ) -> Plan:
     """What to write so that the node's pool (named after the node) is exactly ``desired``.
 

@@ -24,13 +24,14 @@ from pathlib import Path
 
 from dra_gpu.devices import naming
 from dra_gpu.devices.model import Device, GpuBackend
+from dra_gpu.errors import UserError
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[Sequence[Device]], None]
 
 
-class InventoryError(RuntimeError):
+class InventoryError(UserError, RuntimeError):
     """Discovery cannot run at all (bad profile, NVML missing); the message says why."""
 
 

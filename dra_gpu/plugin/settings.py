@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.errors import UserError
 from dra_gpu.kubeletplugin import sockets
 
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
@@ -56,7 +57,7 @@ ENV_VARS: Mapping[str, str] = {
 }
 
 
-class SettingsError(ValueError):
+class SettingsError(UserError, ValueError):
     """A flag or environment variable has a value the plugin cannot run with."""
 
 

@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Final, Literal
 
 from dra_gpu.config import DeviceConfig, GpuConfig
+from dra_gpu.errors import UserError
 from dra_gpu.kubeletplugin import atomicfile
 from dra_gpu.kubeletplugin.ids import CDIDeviceID, ClaimUID, DeviceName
 from dra_gpu.prepare import cdi_validate
@@ -49,7 +50,7 @@ CONTROL_NODES: Final = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-to
 STAND_IN: Final = "/dev/null"
 
 
-class CDIError(RuntimeError):
+class CDIError(UserError, RuntimeError):
     """A spec that cannot be built or written; the message names the cause."""
 
 

@@ -23,9 +23,10 @@ Format versions and the rules for upgrading and downgrading
   paths so the caller can report it (log and Node event). If the salvage cannot be written
   (a full disk), the corrupt file is put back, so nothing is lost and the next read tries again.
 
-History: version 1 had no boot ID and no per-device facts (uuid, minor, config...); such
-records still answer repeated prepares and unprepare, but their CDI spec cannot be rebuilt.
-Version 2 added ``compatible_version``, ``boot_id``, device facts, ``share_id`` and
+History: version 1 (no boot ID, no per-device facts) was never released; such a file is
+corrupt, and its records are salvaged like any other (they answer repeated prepares and
+unprepare, but their CDI spec cannot be rebuilt: ``records.RecordIncomplete``). Version 2 (the
+first released) has ``compatible_version``, ``boot_id``, device facts, ``share_id`` and
 ``admin_access``. Version 3 (current) added ``from_spec``: a record rebuilt from a CDI spec after
 the checkpoint lost it, which lacks request names, share IDs and config (an older plugin reads it
 as a plain completed record).
@@ -55,10 +56,12 @@ from typing import Any, Final, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
+from dra_gpu.errors import InternalError
 from dra_gpu.kubeletplugin import atomicfile
 
 SCHEMA_VERSION: Final = 3
-COMPATIBLE_VERSION: Final = 1  # versions 2 and 3 only added fields: a version-1 reader can use it
+FIRST_VERSION: Final = 2  # the first released schema; version 1 never shipped
+COMPATIBLE_VERSION: Final = 2  # version 3 only added fields: a version-2 reader can use it
 FILE_NAME: Final = "checkpoint.json"
 LOCK_NAME: Final = "checkpoint.lock"
 TOKEN_BYTES: Final = 32
@@ -69,7 +72,7 @@ PREPARE_COMPLETED: Final = "PrepareCompleted"
 ClaimState = Literal["PrepareStarted", "PrepareCompleted"]
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(InternalError, RuntimeError):
     """Base of the checkpoint's errors."""
 
 
@@ -98,7 +101,7 @@ class DeviceRecord(_Record):
     cdi_device_ids: tuple[str, ...] = ()
     share_id: str | None = None
     admin_access: bool = False
-    # Facts to rebuild the CDI spec (version 2); None in version-1 files.
+    # Facts to rebuild the CDI spec; None in a record salvaged without them.
     type: Literal["gpu", "mig"] | None = None
     uuid: str | None = None
     minor: int | None = None
@@ -124,7 +127,7 @@ class ClaimRecord(_Record):
 class Checkpoint(_Record):
     version: int = SCHEMA_VERSION
     compatible_version: int = COMPATIBLE_VERSION
-    boot_id: str = ""  # "" = unknown (version-1 file)
+    boot_id: str = ""  # "" = unknown (a salvaged file without one)
     claims: dict[str, ClaimRecord] = {}
 
     def with_claim(self, uid: str, record: ClaimRecord) -> Checkpoint:
@@ -159,7 +162,11 @@ def decode(data: bytes) -> Checkpoint:
     version = raw.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ValueError(f"no valid schema version (got {version!r})")
-    compatible = raw.get("compatible_version", version if version == 1 else COMPATIBLE_VERSION)
+    if version < FIRST_VERSION:
+        raise ValueError(
+            f"schema version {version} was never released (the first is {FIRST_VERSION})"
+        )
+    compatible = raw.get("compatible_version", COMPATIBLE_VERSION)
     if isinstance(compatible, int) and compatible > SCHEMA_VERSION:
         raise _TooNew(compatible)
     return Checkpoint.model_validate(raw)

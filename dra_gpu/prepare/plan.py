@@ -39,6 +39,7 @@ from dra_gpu.config import (
     parse_opaque_config,
 )
 from dra_gpu.devices.model import Device
+from dra_gpu.errors import UserError
 
 # ClaimRef is the kit's; named here too because prepare's callers have always found it here.
 from dra_gpu.kubeletplugin.driver import ClaimRef as ClaimRef
@@ -46,7 +47,7 @@ from dra_gpu.kubeletplugin.ids import DeviceName
 from dra_gpu.prepare.cdi import ClaimDevice
 
 
-class PlanError(Exception):
+class PlanError(UserError):
     """The claim cannot be prepared here; the message is shown to the user as is."""
 
 

@@ -58,6 +58,7 @@ from typing import Any, Final, Protocol, TypeGuard
 
 from dra_gpu.config import ConfigError
 from dra_gpu.devices.model import Device
+from dra_gpu.errors import UserError
 from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice
 
 # The kit's result type; named here too because prepare's callers have always found it here.
@@ -236,7 +237,7 @@ class DeviceState:
         try:
             with self._locks.hold(ref.uid):
                 return PrepareResult(devices=self._prepare_locked(ref, fetched))
-        except (PlanError, cdi.CDIError, ConfigError) as exc:
+        except UserError as exc:  # PlanError, cdi.CDIError, ConfigError
             # Someone must act (fix the claim, the node): the pod waits until then. A warning,
             # without a traceback: the message says all there is to say.
             log.warning("prepare %s (%s) failed: %s", ref, ref.uid, exc)

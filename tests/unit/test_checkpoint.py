@@ -2,7 +2,7 @@
 
 Cases:
 - what one store writes another loads unchanged; no temp file is left behind;
-- a version-1 file (no boot ID, no device facts) loads;
+- a version-1 file (never released) is refused as corrupt: moved aside, its records salvaged;
 - a file with unknown fields (a newer plugin's) loads and keeps those fields when rewritten;
 - a file needing a newer reader is refused and left untouched;
 - garbage and schema violations are reported as corruption, the file moved aside, not lost;
@@ -88,9 +88,14 @@ VERSION_1 = {
 }
 
 
-def test_version_1_file_loads(tmp_path: Path) -> None:
-    (tmp_path / "checkpoint.json").write_text(json.dumps(VERSION_1))
-    loaded = CheckpointStore(tmp_path).load()
+def test_version_1_file_is_refused_and_its_records_salvaged(tmp_path: Path) -> None:
+    content = json.dumps(VERSION_1)
+    (tmp_path / "checkpoint.json").write_text(content)
+    store = CheckpointStore(tmp_path, clock=lambda: 0.0)
+    with pytest.raises(CheckpointCorrupt, match="schema version 1 was never released") as info:
+        store.load()
+    assert info.value.moved_to.read_text() == content
+    loaded = store.load()
     assert loaded.boot_id == ""
     device = loaded.claims["uid-1"].devices[0]
     assert (device.device, device.uuid, device.config) == ("gpu-0", None, None)

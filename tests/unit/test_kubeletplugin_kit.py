@@ -210,7 +210,11 @@ def published_devices(store: FakeSliceStore) -> list[dict[str, Any]]:
 def test_publisher_publishes_the_drivers_devices() -> None:
     store = FakeSliceStore(node_uid="uid-of-node-a")
     pub = publisher.Publisher(
-        store=store, node=NODE, driver=DRIVER, render=renderer(widgets("w-0", "w-1"))
+        store=store,
+        node=NODE,
+        driver=DRIVER,
+        render=renderer(widgets("w-0", "w-1")),
+        alive=lambda other: False,
     )
     stop = threading.Event()
     threads = pub.start(stop)

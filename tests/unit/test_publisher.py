@@ -63,6 +63,7 @@ def make(
         resync_s=3600,
         max_backoff_s=0.05,
         instance=instance,
+        alive=lambda other: True,
     )
 
 

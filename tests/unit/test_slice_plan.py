@@ -35,7 +35,12 @@ def body(*devices: str, memory: str = "141Gi") -> dict[str, Any]:
 
 def plan(desired: list[dict[str, Any]], existing: list[dict[str, Any]], last: int = 0) -> Any:
     return slice_plan.plan(
-        desired=desired, existing=existing, node=NODE, driver=DRIVER, last_generation=last
+        desired=desired,
+        existing=existing,
+        node=NODE,
+        driver=DRIVER,
+        last_generation=last,
+        alive=lambda other: True,
     )
 
 
@@ -166,6 +171,7 @@ def plan_as(instance: slice_plan.Instance, desired: list[dict[str, Any]], existi
         driver=DRIVER,
         last_generation=0,
         instance=instance,
+        alive=lambda other: True,
     )
 
 
