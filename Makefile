@@ -34,9 +34,11 @@ test: $(STAMP)
 e2e-deployed: $(STAMP)
 	$(PY) -m e2e.deployed
 
+# lint-imports: the layers and forbidden imports declared in pyproject.toml (import-linter).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

@@ -39,6 +39,13 @@ def test_parser_loads_no_heavy_libraries() -> None:
     assert _loaded_after("from dra_gpu import cli; cli.build_parser()", heavy) == []
 
 
+def test_plugin_main_loads_no_transport_until_it_runs() -> None:
+    # The subcommand's module is imported for every `dra-gpu kubelet-plugin`, --help included;
+    # gRPC and the API client load when the plugin starts serving (the layers themselves are
+    # checked by lint-imports, which counts imports inside functions too).
+    assert _loaded_after("import dra_gpu.plugin.main", ("grpc", "kubernetes", "urllib3")) == []
+
+
 def test_plugin_settings_without_metrics_load_no_prometheus_client() -> None:
     # Metrics are off unless --metrics-address is given; off, the plugin must not pay the
     # library's import time and memory (issue 18's start-up and RSS rows).
