@@ -23,6 +23,7 @@ from dra_gpu.config import parse_opaque_config as parse
 from dra_gpu.kubeletplugin.ids import ClaimUID, DeviceName
 from dra_gpu.prepare import cdi, cdi_host
 from dra_gpu.prepare.cdi_validate import minimum_version, validate_spec
+from e2e import cdi_validator
 
 UID = ClaimUID("0b5c2a7e-1111-4c2e-9a55-2f1f6f1d0c11")
 
@@ -224,78 +225,77 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     return spec
 
 
-@pytest.mark.parametrize(
-    ("spec", "problem"),
-    [
-        pytest.param({"kind": "a.com/b", "devices": []}, "cdiVersion: must be one of", id="no-ver"),
-        pytest.param(_with("cdiVersion", "0.2.9"), "cdiVersion: must be one of", id="bad-ver"),
-        pytest.param(_with("kind", "gpu"), "kind: must be vendor/class", id="kind-no-slash"),
-        pytest.param(_with("kind", "a.com/b/c"), "kind: must be vendor/class", id="kind-2-slash"),
-        pytest.param(_with("kind", "-a.com/b"), "kind: invalid vendor", id="vendor-dash"),
-        pytest.param(_with("kind", "a.com/b-"), "kind: invalid class", id="class-end-dash"),
-        pytest.param(_with("devices", []), "devices: must be a non-empty list", id="no-devs"),
-        pytest.param(_with("devices/0/name", "a b"), "invalid device name", id="name-space"),
-        pytest.param(_with("devices/0/name", "dev-"), "invalid device name", id="name-end"),
-        pytest.param(
-            _with("devices/0/containerEdits", {}), "at least one container edit", id="no-edits"
+# Specs the validator must refuse, and the problem it names.
+REJECTED = [
+    pytest.param({"kind": "a.com/b", "devices": []}, "cdiVersion: must be one of", id="no-ver"),
+    pytest.param(_with("cdiVersion", "0.2.9"), "cdiVersion: must be one of", id="bad-ver"),
+    pytest.param(_with("kind", "gpu"), "kind: must be vendor/class", id="kind-no-slash"),
+    pytest.param(_with("kind", "a.com/b/c"), "kind: must be vendor/class", id="kind-2-slash"),
+    pytest.param(_with("kind", "-a.com/b"), "kind: invalid vendor", id="vendor-dash"),
+    pytest.param(_with("kind", "a.com/b-"), "kind: invalid class", id="class-end-dash"),
+    pytest.param(_with("devices", []), "devices: must be a non-empty list", id="no-devs"),
+    pytest.param(_with("devices/0/name", "a b"), "invalid device name", id="name-space"),
+    pytest.param(_with("devices/0/name", "dev-"), "invalid device name", id="name-end"),
+    pytest.param(
+        _with("devices/0/containerEdits", {}), "at least one container edit", id="no-edits"
+    ),
+    pytest.param(_with("extra", 1), "spec.extra: unknown field", id="unknown-top"),
+    pytest.param(_with("devices/0/foo", 1), "devices[0].foo: unknown field", id="unknown-dev"),
+    pytest.param(_with("devices/0/containerEdits/env", ["NOEQ"]), "must be NAME=value", id="env"),
+    pytest.param(
+        _with("devices/0/containerEdits/deviceNodes", [{"path": "dev/x"}]),
+        "must be an absolute path",
+        id="node-relative",
+    ),
+    pytest.param(
+        _with("devices/0/containerEdits/deviceNodes", [{"path": "/dev/x", "type": "x"}]),
+        "must be one of b, c, u, p",
+        id="node-type",
+    ),
+    pytest.param(
+        _with("devices/0/containerEdits/deviceNodes", [{"path": "/d", "permissions": "rx"}]),
+        "may hold only r, w, m",
+        id="node-perms",
+    ),
+    pytest.param(
+        _with("devices/0/containerEdits/deviceNodes", [{"path": "/d", "major": "1"}]),
+        "major: must be an integer",
+        id="node-major",
+    ),
+    pytest.param(
+        _with("devices/0/containerEdits/mounts", [{"hostPath": "/a"}]),
+        "containerPath: must be a non-empty string",
+        id="mount-no-target",
+    ),
+    pytest.param(
+        _with("devices/0/containerEdits/hooks", [{"hookName": "boot", "path": "/x"}]),
+        "must be an OCI hook name",
+        id="hook-name",
+    ),
+    pytest.param(
+        _with(
+            "devices/0/containerEdits/hooks",
+            [{"hookName": "poststop", "path": "/x", "timeout": 0}],
         ),
-        pytest.param(_with("extra", 1), "spec.extra: unknown field", id="unknown-top"),
-        pytest.param(_with("devices/0/foo", 1), "devices[0].foo: unknown field", id="unknown-dev"),
-        pytest.param(
-            _with("devices/0/containerEdits/env", ["NOEQ"]), "must be NAME=value", id="env"
-        ),
-        pytest.param(
-            _with("devices/0/containerEdits/deviceNodes", [{"path": "dev/x"}]),
-            "must be an absolute path",
-            id="node-relative",
-        ),
-        pytest.param(
-            _with("devices/0/containerEdits/deviceNodes", [{"path": "/dev/x", "type": "x"}]),
-            "must be one of b, c, u, p",
-            id="node-type",
-        ),
-        pytest.param(
-            _with("devices/0/containerEdits/deviceNodes", [{"path": "/d", "permissions": "rx"}]),
-            "may hold only r, w, m",
-            id="node-perms",
-        ),
-        pytest.param(
-            _with("devices/0/containerEdits/deviceNodes", [{"path": "/d", "major": "1"}]),
-            "major: must be an integer",
-            id="node-major",
-        ),
-        pytest.param(
-            _with("devices/0/containerEdits/mounts", [{"hostPath": "/a"}]),
-            "containerPath: must be a non-empty string",
-            id="mount-no-target",
-        ),
-        pytest.param(
-            _with("devices/0/containerEdits/hooks", [{"hookName": "boot", "path": "/x"}]),
-            "must be an OCI hook name",
-            id="hook-name",
-        ),
-        pytest.param(
-            _with(
-                "devices/0/containerEdits/hooks",
-                [{"hookName": "poststop", "path": "/x", "timeout": 0}],
-            ),
-            "timeout: must be an integer >= 1",
-            id="hook-timeout",
-        ),
-        pytest.param(
-            _with("devices/0/containerEdits/deviceNodes", [{"path": "/d", "hostPath": "/e"}]),
-            "cdiVersion: 0.3.0 is too old for the fields used (needs 0.5.0)",
-            id="hostpath-needs-0.5",
-        ),
-        pytest.param(
-            _with("devices/0/name", "0dev"),
-            "needs 0.5.0",
-            id="digit-name-needs-0.5",
-        ),
-        pytest.param(_with("annotations", {"a": "b"}), "needs 0.6.0", id="annotations-0.6"),
-        pytest.param(_with("kind", "a.com/b.c"), "needs 0.6.0", id="class-dot-0.6"),
-    ],
-)
+        "timeout: must be an integer >= 1",
+        id="hook-timeout",
+    ),
+    pytest.param(
+        _with("devices/0/containerEdits/deviceNodes", [{"path": "/d", "hostPath": "/e"}]),
+        "cdiVersion: 0.3.0 is too old for the fields used (needs 0.5.0)",
+        id="hostpath-needs-0.5",
+    ),
+    pytest.param(
+        _with("devices/0/name", "0dev"),
+        "needs 0.5.0",
+        id="digit-name-needs-0.5",
+    ),
+    pytest.param(_with("annotations", {"a": "b"}), "needs 0.6.0", id="annotations-0.6"),
+    pytest.param(_with("kind", "a.com/b.c"), "needs 0.6.0", id="class-dot-0.6"),
+]
+
+
+@pytest.mark.parametrize(("spec", "problem"), REJECTED)
 def test_validator_rejects(spec: dict[str, Any], problem: str) -> None:
     problems = validate_spec(spec)
     assert any(problem in p for p in problems), problems
@@ -332,3 +332,46 @@ def test_write_refuses_invalid_spec(tmp_path: Path) -> None:
     with pytest.raises(cdi.CDIError, match="invalid CDI spec"):
         cdi.write_spec(tmp_path, UID, _with("kind", "nokind"))
     assert list(tmp_path.iterdir()) == []
+
+
+# The reference CDI library (Go, `cdi.ReadSpec`: what container runtimes load specs with) as the
+# oracle of the hand-written validator: it refuses what ours refuses, and takes what we write.
+@pytest.fixture(scope="module")
+def reference_validator() -> None:
+    try:
+        cdi_validator.ensure()
+    except cdi_validator.ValidatorUnavailable as exc:
+        pytest.skip(f"reference CDI validator not available: {exc}")
+
+
+def _reference_problems(spec: dict[str, Any], tmp_path: Path) -> list[str]:
+    path = tmp_path / "vendor.com-test.json"
+    path.write_text(json.dumps(spec))
+    return cdi_validator.validate([path])
+
+
+# Where ours is stricter than the library, on purpose: the runtime would fail the container later.
+STRICTER_THAN_THE_LIBRARY = {
+    "node-relative": "runc refuses a device node whose container path is not absolute",
+    "hook-timeout": "the OCI runtime spec wants a hook timeout > 0",
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"), [p for p in REJECTED if p.id not in STRICTER_THAN_THE_LIBRARY]
+)
+def test_the_reference_library_refuses_what_the_validator_refuses(
+    reference_validator: None, spec: dict[str, Any], problem: str, tmp_path: Path
+) -> None:
+    assert _reference_problems(spec, tmp_path) != [], f"the Go library accepts it ({problem})"
+
+
+def test_the_reference_library_takes_the_specs_we_write(
+    reference_validator: None, tmp_path: Path
+) -> None:
+    real = cdi.build_spec(
+        claim_uid=UID, claim_ref="ns/c", devices=[GPU0, MIG1], node=cdi.SimulatedNode()
+    )
+    assert validate_spec(real) == []
+    assert _reference_problems(real, tmp_path) == []
+    assert _reference_problems(_valid(), tmp_path) == []
