@@ -2,7 +2,7 @@
 
 ``.venv/bin/python bench/deployed.py``
 
-Brings up what ``make e2e-deployed`` does (``e2e.deployed_env``: the image built with ``docker
+Brings up what ``make e2e-deployed`` does (``e2e.deployed.env``: the image built with ``docker
 build`` from the Dockerfile, a local control plane, two real kubelet + containerd nodes,
 kube-proxy), then runs only the checks that measure (``e2e.deployed``) and prints:
 

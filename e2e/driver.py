@@ -4,9 +4,10 @@ On a real cluster these run in pods (Helm chart); here they run as host processe
 the kubelet sees anyway: a plugin registers through the kubelet's registry directory and serves
 the DRA socket in the kubelet's plugins directory, and writes CDI specs where containerd reads them.
 
-``PluginProcess.for_node(node, ...)`` wires a plugin to a real ``e2e.node.Node``; a plugin for a
-simulated node without a kubelet gets directories of its own (its registry dir is never watched, so
-only its ResourceSlices matter). Each process runs in its own session and is killed with its group.
+``PluginProcess.for_node(node, ...)`` wires a plugin to a real node
+(``e2e.node.kubelet_node.Node``); a plugin for a simulated node without a kubelet gets
+directories of its own (its registry dir is never watched, so only its ResourceSlices matter).
+Each process runs in its own session and is killed with its group.
 ``kill()`` is SIGKILL (a crash: sockets and state stay behind), ``stop()`` is SIGTERM (clean exit).
 """
 

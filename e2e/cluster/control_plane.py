@@ -7,7 +7,7 @@ Usage from tests (``tests/conftest.py`` has a session fixture ``cluster``)::
         c.kubectl("get", "nodes")
         api = c.api_client()          # kubernetes.client.ApiClient, admin identity
 
-From a shell: ``python -m e2e.cluster up`` (see ``e2e.cluster_cli``).
+From a shell: ``python -m e2e.cluster up`` (see ``e2e.cluster.cli``).
 
 Invariants:
 - ``up()`` returns only when the cluster is usable: the API server is ready, the controller-manager

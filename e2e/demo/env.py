@@ -34,7 +34,7 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from e2e import binaries, helm, procs, supervisor
 from e2e.cluster import Cluster
@@ -47,6 +47,9 @@ from e2e.driver import (
     wait_published,
 )
 from e2e.suite.kube import Kube
+
+if TYPE_CHECKING:
+    from e2e.node.kubelet_node import Node
 
 NODE_PROFILES = {"demo-h200": "h200x8", "demo-a100": "a100x4-mig"}
 # Simulated nodes carry the label GPU Feature Discovery puts on real GPU nodes.
@@ -137,7 +140,7 @@ class Environment:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.cluster = Cluster(workdir=workdir / "cluster", log=_say)
-        self.nodes: list[Any] = []  # e2e.node.Node, imported lazily (needs root tooling)
+        self.nodes: list[Node] = []  # imported lazily when used (a node needs root tooling)
         self.plugins: dict[str, PluginProcess] = {}
         self.infos: list[NodeInfo] = []
         self.controller: ManagedProcess | None = None

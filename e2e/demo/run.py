@@ -2,7 +2,7 @@
 
 ``python -m e2e.demo`` (what ``make demo`` runs):
 
-1. stops a demo left running, then starts the environment in the background (``e2e.demo_env``:
+1. stops a demo left running, then starts the environment in the background (``e2e.demo.env``:
    control plane, two GPU nodes, a kubelet plugin per node, the controller with its admission
    webhook), showing its progress; the first run builds the Kubernetes binaries (and, with real
    nodes, containerd and runc);

@@ -3,11 +3,11 @@
 ``DeployedEnv.up()``:
 
 1. builds the image twice from the repository's Dockerfile with ``docker build``
-   (``e2e.docker_engine``, ``e2e.driver_image``): tag ``e2e-1`` and tag ``e2e-2`` (the same
+   (``e2e.images.docker_engine``, ``e2e.images.driver``): tag ``e2e-1`` and tag ``e2e-2`` (the same
    plus a label: the upgrade's second version), saves both, and stops the engine;
 2. starts the control plane with the API server reachable from pods: listening on all addresses,
    advertised on a host-local address of its own (``198.19.x.y`` on a port-less bridge), so the
-   ``kubernetes`` Service has an endpoint; kube-proxy (``e2e.kube_proxy``) makes its ClusterIP
+   ``kubernetes`` Service has an endpoint; kube-proxy (``e2e.node.kube_proxy``) makes its ClusterIP
    reachable;
 3. starts two real nodes (kubelet + containerd, ``e2e.node``), ``gpu-h200`` and ``gpu-a100``, each
    labelled with the simulated profile its plugin serves, and imports both image archives into

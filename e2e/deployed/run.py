@@ -1,6 +1,6 @@
 """``make e2e-deployed``: the driver deployed as users deploy it, checked end to end.
 
-``python -m e2e.deployed`` brings up ``e2e.deployed_env.DeployedEnv`` (image built with ``docker
+``python -m e2e.deployed`` brings up ``e2e.deployed.env.DeployedEnv`` (image built with ``docker
 build`` from the Dockerfile, a local control plane, two real kubelet + containerd nodes,
 kube-proxy), then runs these checks in order and prints one line per check and a last line
 ``N passed, N failed``:

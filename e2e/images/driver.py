@@ -3,7 +3,7 @@
 Where no registry is reachable and the package index sits behind a TLS proxy whose CA only the
 host trusts, the build still uses the Dockerfile users build, with two build arguments:
 
-- ``PYTHON_IMAGE``: the local equivalent of the public base (``e2e.base_image``);
+- ``PYTHON_IMAGE``: the local equivalent of the public base (``e2e.images.base``);
 - ``BUILD_IMAGE`` (the build stage's base): that base plus the wheels of ``requirements.lock``
   (and of the build backend pyproject.toml names), downloaded on the host by the host's pip,
   which trusts the proxy, and ``PIP_NO_INDEX``/``PIP_FIND_LINKS`` pointing at them. pip in the
@@ -134,7 +134,7 @@ def build(engine: DockerEngine, ref: str, *, labels: dict[str, str], log: Log) -
 
 
 def main() -> int:
-    """``python -m e2e.driver_image [REF]``: build the image and print its size."""
+    """``python -m e2e.images.driver [REF]``: build the image and print its size."""
     ref = sys.argv[1] if len(sys.argv) > 1 else "dra-gpu:dev"
     with DockerEngine() as engine:
         image = build(engine, ref, labels={}, log=lambda line: print(line, file=sys.stderr))

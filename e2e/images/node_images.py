@@ -126,7 +126,8 @@ def busybox_spec(busybox: Path = BUSYBOX) -> ImageSpec:
     """The test image: static busybox with all its applets as symlinks in /bin."""
     if not busybox.is_file():
         raise FileNotFoundError(
-            f"{busybox} is missing: install Debian's busybox-static (e2e/setup_node.sh does)"
+            f"{busybox} is missing: install Debian's busybox-static"
+            " (python -m e2e.node.binaries does)"
         )
     listed = subprocess.run([str(busybox), "--list"], check=True, capture_output=True, text=True)
     applets = sorted({a for a in listed.stdout.split() if a and a != "busybox"})

@@ -9,7 +9,7 @@ plugins and the busybox used for the test image.
 - CNI plugins, busybox-static and libseccomp (runc's cgo dependency) come from Debian packages,
   installed with apt-get when missing (CI's fresh machine has only Python, Go and gcc).
 
-CLI: ``python -m e2e.node_binaries`` ensures everything and prints where it is.
+CLI: ``python -m e2e.node.binaries`` ensures everything and prints where it is.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ containerd, then removes what the processes leave behind: shims, container proce
 the node's directory, its cgroup root, its bridge, and the directory itself.
 
 Invariants:
-- Everything the node writes is under ``paths.root`` (see ``e2e.node_config``), except the cgroup
+- Everything the node writes is under ``paths.root`` (see ``e2e.node.config``), except the cgroup
   ``/dra-gpu-<name>-<hash>``, the CNI bridge and the interface holding the node IP, all three
   named after the node and removed by ``down()``.
 - The DRA kubelet plugin registers through ``paths.plugin_registry_dir`` (the kubelet's real

@@ -1,4 +1,4 @@
-"""How ``make demo`` ends (``e2e.demo.result_text``): a fallback to simulated nodes is said in
+"""How ``make demo`` ends (``e2e.demo.run.result_text``): a fallback to simulated nodes is said in
 the table's heading and again in the last lines, with the reason and the command showing the log.
 
 Cases: a real node that failed, so both are simulated (reason + ``less <supervisor log>`` first

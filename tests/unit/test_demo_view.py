@@ -1,4 +1,4 @@
-"""The demo's table, from pods, claims and CDI specs (pure parts of ``e2e.demo_view``).
+"""The demo's table, from pods, claims and CDI specs (pure parts of ``e2e.demo.view``).
 
 Cases:
 - CDI device IDs resolve to the spec-level plus the device-level edits, only for the devices
