@@ -48,7 +48,7 @@ format: $(STAMP)
 # its own: its conftest.py would be a second module named `conftest` in the first.
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
-	MYPYPATH=tests/node $(VENV)/bin/mypy --cache-dir .mypy_cache/node tests/node/*.py
+	MYPYPATH=tests/node $(VENV)/bin/mypy tests/node/*.py
 
 unit: $(STAMP)
 	$(PY) -m pytest -m "not cluster and not node"
