@@ -25,6 +25,7 @@ as they were before this module.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -354,7 +355,7 @@ def test_huge_quantity_exponent_gets_an_answer(setup: Setup) -> None:
 
 def test_builtin_classes_exist_with_label(setup: Setup) -> None:
     for name in classes.BUILTIN_NAMES:
-        obj = wait_for(lambda n=name: get_class(setup.client, n), what=name)  # type: ignore[misc]
+        obj = wait_for(functools.partial(get_class, setup.client, name), what=name)
         assert classes.is_owned(obj)
         assert obj["spec"]["selectors"] == builtin_spec(name)["selectors"]
 

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import pytest
@@ -91,6 +91,12 @@ class Plugin:
             return err.code
         except OSError:
             return None
+
+
+class StartPlugin(Protocol):
+    """The ``start_plugin`` fixture: starts one plugin process (stopped at the test's end)."""
+
+    def __call__(self, *, simulate: str = "h200x8", pod_uid: str | None = None) -> Plugin: ...
 
 
 class Slices:
@@ -160,7 +166,7 @@ def root() -> Iterator[Path]:
 
 
 @pytest.fixture
-def start_plugin(cluster: Cluster, node: str, root: Path) -> Iterator[Callable[..., Plugin]]:
+def start_plugin(cluster: Cluster, node: str, root: Path) -> Iterator[StartPlugin]:
     started: list[Plugin] = []
 
     def start(*, simulate: str = "h200x8", pod_uid: str | None = None) -> Plugin:
@@ -193,7 +199,7 @@ def ready(plugin: Plugin) -> Plugin:
 
 
 def test_publishes_one_slice_with_eight_devices(
-    start_plugin: Any, slices: Slices, node: str, cluster: Cluster
+    start_plugin: StartPlugin, slices: Slices, node: str, cluster: Cluster
 ) -> None:
     ready(start_plugin())
     (only,) = wait_for("the node's slice", slices.list)
@@ -205,7 +211,7 @@ def test_publishes_one_slice_with_eight_devices(
     assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", node, node_uid)
 
 
-def test_deleted_slice_comes_back(start_plugin: Any, slices: Slices) -> None:
+def test_deleted_slice_comes_back(start_plugin: StartPlugin, slices: Slices) -> None:
     ready(start_plugin())
     (first,) = wait_for("the node's slice", slices.list)
     slices.delete(first["metadata"]["name"])
@@ -218,7 +224,7 @@ def test_deleted_slice_comes_back(start_plugin: Any, slices: Slices) -> None:
 
 
 def test_changed_inventory_publishes_new_generation_and_removes_old(
-    start_plugin: Any, slices: Slices, root: Path
+    start_plugin: StartPlugin, slices: Slices, root: Path
 ) -> None:
     profile = root / "profile.json"
     profile.write_text(profile_json(130))  # 130 devices: two slices
@@ -233,7 +239,7 @@ def test_changed_inventory_publishes_new_generation_and_removes_old(
     assert after[0]["spec"]["pool"]["resourceSliceCount"] == 1
 
 
-def test_kubelet_client_registers_and_calls_the_dra_endpoint(start_plugin: Any) -> None:
+def test_kubelet_client_registers_and_calls_the_dra_endpoint(start_plugin: StartPlugin) -> None:
     plugin = ready(start_plugin())
     with grpc.insecure_channel(f"unix:{plugin.registration}") as ch:
         stub = pluginregistration_v1_pb2_grpc.RegistrationStub(ch)
@@ -258,7 +264,7 @@ def test_kubelet_client_registers_and_calls_the_dra_endpoint(start_plugin: Any) 
 
 
 def test_survives_api_server_outage(
-    start_plugin: Any, slices: Slices, root: Path, cluster: Cluster
+    start_plugin: StartPlugin, slices: Slices, root: Path, cluster: Cluster
 ) -> None:
     profile = root / "profile.json"
     profile.write_text(profile_json(8))
@@ -280,7 +286,7 @@ def test_survives_api_server_outage(
     assert "API server reachable again" in plugin.log
 
 
-def test_sigterm_exits_cleanly_and_leaves_no_socket(start_plugin: Any, root: Path) -> None:
+def test_sigterm_exits_cleanly_and_leaves_no_socket(start_plugin: StartPlugin, root: Path) -> None:
     plugin = ready(start_plugin())
     assert plugin.registration.is_socket() and plugin.dra.is_socket()
     plugin.proc.send_signal(signal.SIGTERM)
@@ -289,7 +295,9 @@ def test_sigterm_exits_cleanly_and_leaves_no_socket(start_plugin: Any, root: Pat
     assert left == []
 
 
-def test_rolling_update_instances_run_side_by_side(start_plugin: Any, slices: Slices) -> None:
+def test_rolling_update_instances_run_side_by_side(
+    start_plugin: StartPlugin, slices: Slices
+) -> None:
     old = ready(start_plugin(pod_uid="0000-old"))
     (first,) = wait_for("the node's slice", slices.list)
     new = ready(start_plugin(pod_uid="1111-new"))

@@ -475,9 +475,7 @@ def test_plugin_reads_claims_only_by_name(plugin_of_node_a: KubeClient) -> None:
     assert _status_of(lambda: client.request("GET", f"{claims}/absent"))[0] == 404
     for path in (claims, "/apis/resource.k8s.io/v1/resourceclaims"):
         for query in ({}, {"watch": "true"}):
-            status, _ = _status_of(
-                lambda p=path, q=query: client.request("GET", p, query=q)  # type: ignore[misc]
-            )
+            status, _ = _status_of(functools.partial(client.request, "GET", path, query=query))
             assert status == 403, (path, query)
     status_path = f"{claims}/absent/status"
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ DEVICE = DeviceRecord(
 RECORD = ClaimRecord(state=PREPARE_COMPLETED, namespace="ns", name="c", devices=(DEVICE,))
 
 
-def add(uid: str, record: ClaimRecord = RECORD):  # type: ignore[no-untyped-def]
+def add(uid: str, record: ClaimRecord = RECORD) -> Callable[[Checkpoint], Checkpoint]:
     return lambda cp: cp.with_claim(uid, record)
 
 

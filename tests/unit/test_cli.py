@@ -4,13 +4,15 @@ import ast
 import subprocess
 import sys
 
+import pytest
+
 import dra_gpu
 from dra_gpu import cli
 
 
-def test_version_prints_package_version(capsys: object) -> None:
+def test_version_prints_package_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["version"]) == 0
-    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    out = capsys.readouterr().out
     assert out.startswith(f"dra-gpu {dra_gpu.__version__} ")
 
 

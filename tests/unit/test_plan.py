@@ -26,14 +26,14 @@ from fake_claims import (
 
 from dra_gpu.config import default_mig_device_config, normalized, parse_opaque_config
 from dra_gpu.kubeletplugin.ids import ClaimUID
-from dra_gpu.prepare.plan import ClaimRef, PlanError, plan_claim
+from dra_gpu.prepare.plan import ClaimPlan, ClaimRef, PlanError, plan_claim
 
 INVENTORY = inventory()
 MIG = "gpu-1-mig-1g5gb-19-2"
 REF = ClaimRef(uid=ClaimUID("uid-1"), namespace="default", name="claim-uid-1")
 
 
-def plan(body: dict[str, Any]):  # type: ignore[no-untyped-def]
+def plan(body: dict[str, Any]) -> ClaimPlan:
     return plan_claim(REF, body, driver=DRIVER, pool=NODE, inventory=INVENTORY)
 
 

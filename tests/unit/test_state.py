@@ -37,7 +37,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -346,7 +346,7 @@ class _Crash(BaseException):
     """Stops the transaction like SIGKILL: no except clause of the plugin catches it."""
 
 
-def _raise_at(target: str):  # type: ignore[no-untyped-def]
+def _raise_at(target: str) -> Callable[[str], None]:
     def fault(step: str) -> None:
         if step == target:
             raise _Crash(step)
@@ -354,7 +354,7 @@ def _raise_at(target: str):  # type: ignore[no-untyped-def]
     return fault
 
 
-def _snapshot_at(target: str, src: Path, dst: Path):  # type: ignore[no-untyped-def]
+def _snapshot_at(target: str, src: Path, dst: Path) -> Callable[[str], None]:
     """Copy the on-disk state as it is at ``target``, then stop like a kill would."""
 
     def fault(step: str) -> None:
