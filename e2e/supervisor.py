@@ -24,10 +24,10 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from e2e import waiting
 
@@ -111,7 +111,7 @@ def stop(pid: int, *, running: Callable[[], bool], grace: float = STOP_GRACE_S) 
             os.killpg(pid, signal.SIGKILL)
 
 
-def write_state(path: Path, state: dict[str, Any]) -> None:
+def write_state(path: Path, state: Mapping[str, object]) -> None:
     """Record the ready supervisor; readers see the whole file or none."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=2) + "\n")

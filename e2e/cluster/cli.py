@@ -21,12 +21,22 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from e2e import binaries, procs, supervisor, waiting
 from e2e.cluster.control_plane import Cluster
 
 MODULE = "e2e.cluster"
+
+
+class ClusterState(TypedDict):
+    """``state.json``: what the supervisor records once its cluster is ready."""
+
+    pid: int
+    workdir: str
+    kubeconfig: str
+    server: str
+    started: str  # UTC, ISO 8601
 
 
 def state_dir() -> Path:
@@ -47,16 +57,16 @@ def _alive(pid: int) -> bool:
     return supervisor.alive(pid, module=MODULE)
 
 
-def read_state() -> dict[str, Any] | None:
+def read_state() -> ClusterState | None:
     """The running cluster's state, or None when none is running."""
     try:
-        state: dict[str, Any] = json.loads(_state_file().read_text())
+        state: ClusterState = json.loads(_state_file().read_text())
     except (OSError, ValueError):
         return None
     return state if _alive(int(state.get("pid", 0))) else None
 
 
-def _export_line(state: dict[str, Any]) -> str:
+def _export_line(state: ClusterState) -> str:
     return f"export KUBECONFIG={state['kubeconfig']}"
 
 
@@ -95,7 +105,7 @@ def cmd_serve(_: argparse.Namespace) -> int:
         print(f"cluster failed to start: {exc}", flush=True)
         return 1
     signals.ready = True
-    state = {
+    state: ClusterState = {
         "pid": os.getpid(),
         "workdir": str(cluster.workdir),
         "kubeconfig": str(cluster.kubeconfig),
@@ -113,7 +123,7 @@ def cmd_serve(_: argparse.Namespace) -> int:
 
 def cmd_down(_: argparse.Namespace) -> int:
     try:
-        state: dict[str, Any] = json.loads(_state_file().read_text())
+        state: ClusterState = json.loads(_state_file().read_text())
     except (OSError, ValueError):
         print("no cluster is running", file=sys.stderr)
         return 0
