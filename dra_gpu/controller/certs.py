@@ -1,4 +1,9 @@
-"""TLS for the webhook: certificates from files (mounted by the chart), or made for local use.
+"""Certificates: the project's one x509 module, and TLS for the webhook.
+
+The primitives (:func:`new_key`, :func:`name`, :func:`sign`, :func:`pem_key`, :func:`load_key`)
+make the webhook's certificates here and the local test cluster's PKI (``e2e/certs.py``).
+
+The webhook's certificates come from files (mounted by the chart), or are made for local use.
 
 For local use (no ``--tls-cert-file``) :func:`ensure_self_signed` writes a private CA and a
 serving certificate signed by it into a directory: ``ca.crt`` is what goes into the webhook
@@ -40,11 +45,22 @@ class CertFiles:
     ca: Path | None  # None when the certificate came from the operator's files
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+# --- x509 primitives: the webhook's certificates and the local test cluster's PKI (e2e/certs.py)
 
 
-def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
+def new_key() -> ec.EllipticCurvePrivateKey:
+    """ECDSA P-256: a fraction of a millisecond to make, and accepted by every component."""
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def name(common_name: str, orgs: Sequence[str] = ()) -> x509.Name:
+    """CN, and O per entry of ``orgs`` (Kubernetes reads a client's groups from O)."""
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
+    return x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def subject_alt_names(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
+    """IP addresses as IP SANs, everything else as DNS names."""
     names: list[x509.GeneralName] = []
     for host in hosts:
         try:
@@ -54,64 +70,82 @@ def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(names)
 
 
-def _issue(
+def sign(
     *,
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
-    hosts: Sequence[str],
-    days: int,
+    subject: x509.Name,
+    public: ec.EllipticCurvePublicKey,
+    issuer: x509.Name,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    validity: dt.timedelta,
+    is_ca: bool = False,
+    usage: x509.ObjectIdentifier | None = None,
+    hosts: Sequence[str] = (),
 ) -> x509.Certificate:
-    now = dt.datetime.now(dt.UTC)
-    issuer_name, issuer_key = issuer if issuer is not None else (_name(subject), key)
+    """A certificate for ``public`` signed by ``issuer_key`` (self-signed: the subject's own).
+
+    ``usage``: the extended key usage (server or client auth); ``hosts``: its SANs.
+    """
+    # Backdated a little: a freshly minted certificate must never be "not yet valid" because
+    # of sub-second rounding or a slightly slower clock elsewhere.
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_before(now)
+        .not_valid_after(now + validity)
+        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(_key_usage(cert_sign=is_ca), critical=True)
     )
-    if issuer is None:  # the CA
+    if not is_ca:
         builder = builder.add_extension(
-            x509.BasicConstraints(ca=True, path_length=0), critical=True
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+            critical=False,
         )
-        builder = builder.add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-    else:
-        builder = builder.add_extension(
-            x509.BasicConstraints(ca=False, path_length=None), critical=True
-        )
-        builder = builder.add_extension(_san(hosts), critical=False)
-        builder = builder.add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-        )
+    if usage is not None:
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    if hosts:
+        builder = builder.add_extension(subject_alt_names(hosts), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def _write(path: Path, data: bytes, *, private: bool) -> None:
-    atomicfile.write_atomic(path, data, durable=False, mode=0o600 if private else 0o644)
+def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=not cert_sign,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
+
+
+def load_key(path: Path) -> ec.EllipticCurvePrivateKey:
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{path}: expected an EC private key, got {type(key).__name__}")
+    return key
+
+
+# --- the webhook's files ------------------------------------------------------------------
+
+
+def _write(path: Path, data: bytes, *, private: bool) -> None:
+    atomicfile.write_atomic(path, data, durable=False, mode=0o600 if private else 0o644)
 
 
 def _reusable(files: CertFiles, hosts: Sequence[str]) -> bool:
@@ -127,7 +161,7 @@ def _reusable(files: CertFiles, hosts: Sequence[str]) -> bool:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return False
-    return fresh and san == _san(hosts)
+    return fresh and san == subject_alt_names(hosts)
 
 
 def ensure_self_signed(
@@ -140,13 +174,28 @@ def ensure_self_signed(
     )
     if _reusable(files, hosts):
         return files
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = _issue(subject="dra-gpu webhook CA", key=ca_key, issuer=None, hosts=(), days=days)
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = _issue(
-        subject="dra-gpu webhook", key=key, issuer=(ca_cert.subject, ca_key), hosts=hosts, days=days
+    validity = dt.timedelta(days=days)
+    ca_key = new_key()
+    ca_name = name("dra-gpu webhook CA")
+    ca_cert = sign(
+        subject=ca_name,
+        public=ca_key.public_key(),
+        issuer=ca_name,
+        issuer_key=ca_key,
+        validity=validity,
+        is_ca=True,
     )
-    _write(files.key, _pem_key(key), private=True)
+    key = new_key()
+    cert = sign(
+        subject=name("dra-gpu webhook"),
+        public=key.public_key(),
+        issuer=ca_name,
+        issuer_key=ca_key,
+        validity=validity,
+        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        hosts=hosts,
+    )
+    _write(files.key, pem_key(key), private=True)
     _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
     assert files.ca is not None
     _write(files.ca, ca_cert.public_bytes(serialization.Encoding.PEM), private=False)

@@ -17,7 +17,6 @@ reloaded from disk (``load_pki``) when the API server restarts, so restarts keep
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import os
 import re
 from collections.abc import Sequence
@@ -25,9 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from dra_gpu.controller import certs as x509_certs
 
 VALIDITY = datetime.timedelta(days=365)
 SERVICE_CIDR = "10.0.0.0/24"
@@ -99,7 +100,7 @@ def create_pki(directory: Path) -> Pki:
         pki.ca, pki.apiserver_kubelet_client, cn="kube-apiserver-kubelet-client",
         orgs=("system:masters",),
     )  # fmt: skip
-    sa_key = _new_key()
+    sa_key = x509_certs.new_key()
     _write_key(pki.sa_private, sa_key)
     pki.sa_public.write_bytes(
         sa_key.public_key().public_bytes(
@@ -110,9 +111,16 @@ def create_pki(directory: Path) -> Pki:
 
 
 def _create_ca(out: CertPair, *, cn: str) -> None:
-    key = _new_key()
-    name = _name(cn)
-    cert = _sign(subject=name, public=key.public_key(), issuer=name, issuer_key=key, is_ca=True)
+    key = x509_certs.new_key()
+    name = x509_certs.name(cn)
+    cert = x509_certs.sign(
+        subject=name,
+        public=key.public_key(),
+        issuer=name,
+        issuer_key=key,
+        validity=VALIDITY,
+        is_ca=True,
+    )
     _write_pair(out, cert, key)
 
 
@@ -129,12 +137,13 @@ def issue_client_cert(
 ) -> CertPair:
     """A client certificate signed by ``ca``: Kubernetes reads the user from CN, groups from O."""
     ca_cert, ca_key = _load(ca)
-    key = _new_key()
-    cert = _sign(
-        subject=_name(cn, orgs),
+    key = x509_certs.new_key()
+    cert = x509_certs.sign(
+        subject=x509_certs.name(cn, orgs),
         public=key.public_key(),
         issuer=ca_cert.subject,
         issuer_key=ca_key,
+        validity=VALIDITY,
         usage=ExtendedKeyUsageOID.CLIENT_AUTH,
     )
     _write_pair(out, cert, key)
@@ -147,20 +156,15 @@ def issue_serving_cert(ca: CertPair, out: CertPair, *, cn: str, hosts: Sequence[
     Keeps an existing key at ``out.key`` so that re-issuing does not invalidate pinned keys.
     """
     ca_cert, ca_key = _load(ca)
-    key = _load_key(out.key) if out.key.is_file() else _new_key()
-    sans: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            sans.append(x509.DNSName(host))
-    cert = _sign(
-        subject=_name(cn),
+    key = x509_certs.load_key(out.key) if out.key.is_file() else x509_certs.new_key()
+    cert = x509_certs.sign(
+        subject=x509_certs.name(cn),
         public=key.public_key(),
         issuer=ca_cert.subject,
         issuer_key=ca_key,
+        validity=VALIDITY,
         usage=ExtendedKeyUsageOID.SERVER_AUTH,
-        sans=sans,
+        hosts=hosts,
     )
     _write_pair(out, cert, key)
     return out
@@ -171,85 +175,12 @@ def safe_stem(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "cert"
 
 
-def _name(cn: str, orgs: Sequence[str] = ()) -> x509.Name:
-    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
-    return x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _sign(
-    *,
-    subject: x509.Name,
-    public: ec.EllipticCurvePublicKey,
-    issuer: x509.Name,
-    issuer_key: ec.EllipticCurvePrivateKey,
-    is_ca: bool = False,
-    usage: x509.ObjectIdentifier | None = None,
-    sans: Sequence[x509.GeneralName] = (),
-) -> x509.Certificate:
-    # Backdated a little: components on this machine share its clock, but a freshly minted
-    # certificate must never be "not yet valid" because of sub-second rounding.
-    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-    )
-    if is_ca:
-        builder = builder.add_extension(_key_usage(cert_sign=True), critical=True)
-    else:
-        builder = builder.add_extension(_key_usage(cert_sign=False), critical=True)
-        builder = builder.add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
-            critical=False,
-        )
-    if usage is not None:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    if sans:
-        builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=not cert_sign,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=cert_sign,
-        crl_sign=cert_sign,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
-def _new_key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
 def _load(pair: CertPair) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    return x509.load_pem_x509_certificate(pair.cert.read_bytes()), _load_key(pair.key)
-
-
-def _load_key(path: Path) -> ec.EllipticCurvePrivateKey:
-    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise TypeError(f"{path}: expected an EC private key, got {type(key).__name__}")
-    return key
+    return x509.load_pem_x509_certificate(pair.cert.read_bytes()), x509_certs.load_key(pair.key)
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    data = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
+    data = x509_certs.pem_key(key)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)

@@ -75,6 +75,9 @@ def plugin(cluster: Cluster) -> Iterator[tuple[str, Path, int, KubeClient]]:
         for desired in classes.builtin_classes(extended_resource_name=None):
             cluster.kubectl("apply", "-f", "-", input=json.dumps(desired.body()))
         waiting.wait_for("the plugin's /metrics", lambda: reachable(port), timeout=WAIT_S)
+        # /metrics is served before the DRA socket (the prepare state is restored in between).
+        dra = PluginDirs.under(root).data / "dra.sock"
+        waiting.wait_for("the plugin's DRA socket", dra.is_socket, timeout=WAIT_S)
         yield node, root, port, kube
     finally:
         procs.stop(proc)
