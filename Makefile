@@ -57,4 +57,4 @@ protos: $(STAMP)
 	$(PY) api/generate.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .import_linter_cache
