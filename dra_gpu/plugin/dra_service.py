@@ -38,6 +38,8 @@ from dra_gpu.plugin import claims, faults
 from dra_gpu.plugin.ids import ClaimUID
 from dra_gpu.plugin.plan import ClaimRef
 from dra_gpu.plugin.state import CallLock, DeviceState, PrepareResult, StateSettings
+from dra_gpu.sharing.applied import Sharing, Switches, recording_path
+from dra_gpu.sharing.runner import ProcessRunner, RecordingRunner, Runner
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +126,16 @@ def make_state(
     env: Mapping[str, str] = os.environ,
     host_driver_root: PurePosixPath | None = None,
     call_lock: CallLock = contextlib.nullcontext,
+    sharing: Switches | None = None,
 ) -> DeviceState:
-    """The prepare handler as the plugin process runs it (faults from ``DRA_GPU_FAULT``)."""
+    """The prepare handler as the plugin process runs it (faults from ``DRA_GPU_FAULT``).
+
+    ``sharing``: which strategies are applied to the GPUs; simulated nodes record the commands
+    in the state dir (``sharing.applied.recording_path``) instead of running them.
+    """
+    runner: Runner = (
+        RecordingRunner(recording_path(state_dir)) if simulated else ProcessRunner(driver_root)
+    )
     return DeviceState(
         settings=StateSettings(
             driver_name=driver_name,
@@ -141,6 +151,7 @@ def make_state(
         fault=faults.from_env(env),
         report=claims.NodeEventReporter(client, node_name=node_name),
         call_lock=call_lock,
+        sharing=Sharing(runner=runner, state_dir=state_dir, switches=sharing or Switches()),
     )
 
 
@@ -170,6 +181,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--state-dir", type=Path, required=True)
     p.add_argument("--driver-name", default=DRIVER_NAME)
     p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--time-slicing-settings", action="store_true", help="apply time-slicing")
+    p.add_argument("--mps-support", action="store_true", help="run MPS daemons per claim")
     return p.parse_args(argv)
 
 
@@ -191,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         driver_root=Path("/"),
         inventory=lambda: devices,
         client=connect(args.kubeconfig),
+        sharing=Switches(time_slicing=args.time_slicing_settings, mps=args.mps_support),
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.workers))
     registrar(state)(server)
