@@ -18,6 +18,7 @@ that index or UUID, in whole MiB.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -144,6 +145,34 @@ def control_command(dirs: Dirs, lines: Sequence[str]) -> Command:
     )
 
 
+def reap_exited_daemons(proc: Path = Path("/proc")) -> int:
+    """Collect the exit status of MPS daemons re-parented to this process; returns how many.
+
+    ``-d`` forks the daemon off, so it is re-parented to the nearest reaper. On a host that is
+    init, which collects it; in the plugin's container the plugin is PID 1, and every claim's
+    daemon (control and server) would stay a zombie after ``quit`` (seen on the H200: two per
+    claim). Only exited processes named ``nvidia-cuda-mps*`` are collected, never a child
+    ``subprocess`` is waiting for.
+    """
+    reaped = 0
+    for children in proc.glob("self/task/*/children"):
+        try:
+            pids = children.read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                stat = (proc / pid / "stat").read_text()
+            except OSError:
+                continue
+            name, state = stat[stat.find("(") + 1 : stat.rfind(")")], stat[stat.rfind(")") + 2 :]
+            if state.startswith("Z") and name.startswith("nvidia-cuda-mps"):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(int(pid), os.WNOHANG)
+                    reaped += 1
+    return reaped
+
+
 def log_tail(dirs: Dirs) -> str:
     try:
         lines = (dirs.log / "control.log").read_text(errors="replace").splitlines()
@@ -165,6 +194,7 @@ class MpsControl:
         """Start the claim's daemon and apply its limits; raises MpsError with the log tail."""
         lines = control_lines(devices)  # a bad config fails before anything runs
         dirs = claim_dirs(self.state_dir, claim_uid)
+        reap_exited_daemons()  # those that quit since the last start or stop
         for path in (dirs.pipe, dirs.log, dirs.shm):
             path.mkdir(parents=True, exist_ok=True)
         try:
@@ -207,6 +237,7 @@ class MpsControl:
         with contextlib.suppress(CommandFailed):
             self.runner.run(control_command(dirs, ["quit"]))
         shutil.rmtree(dirs.root, ignore_errors=True)
+        reap_exited_daemons()
         return True
 
     def claims(self) -> set[str]:

@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=None, help="directory for state and the binary")
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="mps-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
     failures: list[str] = []
 
     def check(ok: bool, what: str) -> None:

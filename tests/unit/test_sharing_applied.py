@@ -373,3 +373,32 @@ def test_process_runner_bounds_each_call(tmp_path: Path) -> None:
     tool.write_text("#!/bin/sh\necho from the driver root $MY_ENV\n")
     tool.chmod(0o755)
     assert runner.run(Command(("nvidia-smi",), env={"MY_ENV": "x"})) == "from the driver root x\n"
+
+
+def test_exited_daemons_re_parented_to_the_plugin_are_collected(tmp_path: Path) -> None:
+    # The plugin as PID 1 of its container, in a fresh interpreter: a subreaper adopts the
+    # daemon that ``-d`` forks off, as PID 1 would. A stand-in named like the daemon exits.
+    fake = tmp_path / "nvidia-cuda-mps-control"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    code = f"""
+import ctypes, os, subprocess, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+subprocess.run(["sh", "-c", "{fake} & {tmp_path}/other-tool &"], check=True)
+from dra_gpu.sharing import mps
+time.sleep(0.5)
+zombies = lambda: sorted(
+    open(f"/proc/{{p}}/stat").read().split(")")[0].split("(")[1]
+    for t in os.listdir("/proc/self/task")
+    for p in open(f"/proc/self/task/{{t}}/children").read().split()
+)
+before = zombies()
+print(before, mps.reap_exited_daemons(), zombies())
+"""
+    (tmp_path / "other-tool").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "other-tool").chmod(0o755)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["['nvidia-cuda-mps',", "'other-tool']", "1", "['other-tool']"]
