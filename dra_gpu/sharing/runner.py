@@ -56,19 +56,20 @@ class Runner(Protocol):
 
 @dataclass(frozen=True)
 class ProcessRunner:
-    """Runs the tools found under ``driver_root`` (else on ``PATH``)."""
+    """Runs the tools, found first under ``driver_root`` (then on ``PATH``)."""
 
     driver_root: Path = Path("/")
 
-    def resolve(self, tool: str) -> str:
-        for sub in TOOL_DIRS:
-            candidate = self.driver_root / sub / tool
-            if candidate.is_file():
-                return str(candidate)
-        return shutil.which(tool) or tool
+    def search_path(self) -> str:
+        # On the PATH of the command, not only resolved here: the MPS daemon is started by a
+        # shell (in its own mount namespace) that looks it up by name.
+        tool_dirs = [str(self.driver_root / sub) for sub in TOOL_DIRS]
+        return os.pathsep.join([*tool_dirs, os.environ.get("PATH", os.defpath)])
 
     def run(self, command: Command) -> str:
-        argv = [self.resolve(command.argv[0]), *command.argv[1:]]
+        env = {**os.environ, **command.env, "PATH": self.search_path()}
+        argv = [shutil.which(command.argv[0], path=env["PATH"]) or command.argv[0]]
+        argv += command.argv[1:]
         # Output to a file, not a pipe: the MPS daemon forks off and would keep a pipe open,
         # and the wait would then last until the timeout.
         with tempfile.TemporaryFile() as out:
@@ -78,7 +79,7 @@ class ProcessRunner:
                     input=command.stdin.encode(),
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    env={**os.environ, **command.env},
+                    env=env,
                     timeout=command.timeout_s,
                     check=False,
                 )
