@@ -402,3 +402,15 @@ print(before, mps.reap_exited_daemons(), zombies())
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["['nvidia-cuda-mps',", "'other-tool']", "1", "['other-tool']"]
+
+
+def test_switches_from_flags_and_environment() -> None:
+    from dra_gpu.plugin.settings import SettingsError, build_settings
+
+    base = {"node_name": "n"}
+    off = build_settings(base, {})
+    assert (off.time_slicing_settings, off.mps_support) == (False, False)
+    on = build_settings({**base, "mps_support": "true"}, {"TIME_SLICING_SETTINGS": "True"})
+    assert (on.time_slicing_settings, on.mps_support) == (True, True)
+    with pytest.raises(SettingsError, match="--mps-support must be true or false, got 'yes'"):
+        build_settings({**base, "mps_support": "yes"}, {})
