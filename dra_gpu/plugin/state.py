@@ -7,9 +7,11 @@ Prepare, per claim (claims of one call are independent: each gets its own result
 2. Fetch the claim (:class:`ClaimFetcher`), plan it (:func:`plan.plan_claim`: UID, allocation,
    driver, pool, devices, config) and build its CDI spec: all pure, nothing written yet.
 3. Record ``PrepareStarted`` (refused if a device is held by another claim and not shared);
-   write the CDI spec; record ``PrepareCompleted`` durably; answer.
+   apply the sharing settings (``dra_gpu.sharing``: time-slice interval, MPS daemon); write the
+   CDI spec; record ``PrepareCompleted`` durably; answer.
 
-Unprepare: remove the CDI spec, then drop the record durably. An unknown claim is success.
+Unprepare: remove the CDI spec, undo the sharing settings, then drop the record durably. An
+unknown claim is success. Start-up makes the sharing settings match the completed claims.
 
 Crash safety follows from that order, checked on :meth:`DeviceState.start` (which the process
 runs before serving, under the node-wide call lock, so in a rolling update the other instance's
