@@ -329,9 +329,8 @@ class DeviceState:
     def _roll_back(self, uid: ClaimUID, devices: Sequence[cdi.ClaimDevice]) -> None:
         try:
             cdi.remove_spec(self.settings.cdi_root, uid)
-            others = [r for u, r in self.store.load().claims.items() if u != uid]
             try:
-                self._sharing.undo(uid, devices, others)
+                self._sharing.undo(uid, devices, lambda: self._other_claims(uid))
             except SharingError as exc:  # the record goes anyway: the next start repairs
                 log.error("rolling back claim %s: %s", uid, exc)
             self.store.update(lambda cp: cp.without_claim(uid), durable=False)
@@ -364,8 +363,10 @@ class DeviceState:
             devices = records.claim_devices(claims[uid])
         except (records.RecordIncomplete, ConfigError):
             return  # an older plugin's (or a rebuilt) record: no settings were applied
-        others = [r for u, r in claims.items() if u != uid]
-        self._sharing.undo(uid, devices, others)
+        self._sharing.undo(uid, devices, lambda: self._other_claims(uid))
+
+    def _other_claims(self, uid: ClaimUID) -> list[ClaimRecord]:
+        return [r for u, r in self.store.load().claims.items() if u != uid]
 
     def _repair_sharing(self, checkpoint: Checkpoint) -> list[str]:
         """Make the GPUs and MPS daemons match the completed claims (``Sharing.repair``)."""

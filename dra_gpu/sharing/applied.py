@@ -16,7 +16,8 @@ reaches the container environment only, as before this module existed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,10 @@ class Sharing:
     runner: Runner
     state_dir: Path
     switches: Switches = field(default_factory=Switches)
+    # Held while intervals are set, and while a reset reads which claims still hold the GPU
+    # and resets it: a claim recorded after that read applies its interval after the reset,
+    # never before it (it would be undone).
+    _intervals: threading.Lock = field(default_factory=threading.Lock, compare=False)
 
     @classmethod
     def off(cls, state_dir: Path) -> Sharing:
@@ -93,7 +98,8 @@ class Sharing:
         if self.switches.time_slicing:
             for want in timeslice.wanted(devices):
                 try:
-                    self.runner.run(timeslice.set_command(want.uuid, want.interval))
+                    with self._intervals:
+                        self.runner.run(timeslice.set_command(want.uuid, want.interval))
                 except CommandFailed as exc:
                     raise SharingError(
                         f"GPU {want.device} ({want.uuid}) refused time-slice interval "
@@ -107,15 +113,22 @@ class Sharing:
                 raise SharingError(str(exc)) from None
 
     def undo(
-        self, claim_uid: str, devices: Sequence[ClaimDevice], others: Iterable[ClaimRecord]
+        self,
+        claim_uid: str,
+        devices: Sequence[ClaimDevice],
+        others: Callable[[], Iterable[ClaimRecord]],
     ) -> None:
-        """Stop the claim's daemon; reset to Default the GPUs no other claim in ``others``
-        holds with a non-Default interval. Raises SharingError (the caller retries)."""
+        """Stop the claim's daemon; reset to Default the GPUs no claim in ``others()`` (the
+        other recorded claims, read under the interval lock) holds with another interval.
+        Raises SharingError (the caller retries)."""
         if self.switches.mps:
             self._mps.stop(claim_uid)
-        if self.switches.time_slicing:
-            still = timeslice.held(others)
-            for want in timeslice.wanted(devices):
+        wanted = timeslice.wanted(devices) if self.switches.time_slicing else []
+        if not wanted:
+            return
+        with self._intervals:
+            still = timeslice.held(others())
+            for want in wanted:
                 interval = still.get(want.uuid, timeslice.DEFAULT)
                 try:
                     self.runner.run(timeslice.set_command(want.uuid, interval))

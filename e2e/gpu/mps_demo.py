@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         check(used <= reported, f"client {i}'s kernel ran on {used} SMs (<= {reported})")
     check(bool(servers), "the clients were served by the claim's MPS server")
 
-    sharing.undo(CLAIM_UID, [device], [])
+    sharing.undo(CLAIM_UID, [device], lambda: [])
     for _ in range(50):
         if not daemons(dirs.pipe):
             break

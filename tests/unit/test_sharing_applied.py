@@ -22,6 +22,8 @@ Cases:
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +50,7 @@ from dra_gpu.plugin.state import DeviceState
 from dra_gpu.sharing import mps
 from dra_gpu.sharing.applied import Sharing, Switches
 from dra_gpu.sharing.runner import Command, CommandFailed
+from e2e import waiting
 
 INVENTORY = inventory()
 GPU = str(INVENTORY["gpu-0"].uuid)
@@ -414,3 +417,31 @@ def test_switches_from_flags_and_environment() -> None:
     assert (on.time_slicing_settings, on.mps_support) == (True, True)
     with pytest.raises(SettingsError, match="--mps-support must be true or false, got 'yes'"):
         build_settings({**base, "mps_support": "yes"}, {})
+
+
+def test_a_claim_prepared_while_another_on_its_gpu_is_unprepared_keeps_its_interval(
+    node: Node,
+) -> None:
+    # A (Long) is unprepared while B (Long, same shared GPU) is prepared. A's reset decides
+    # from the claims it sees; B recorded after that read must not have its Long undone by it.
+    node.fetcher.add(claim("a", [result("gpu-0", share_id="1")], configs=[sliced("Long")]))
+    node.fetcher.add(claim("b", [result("gpu-0", share_id="2")], configs=[sliced("Long")]))
+    state = node.state()
+    assert state.prepare([ref("a")])[ClaimUID("a")].error == ""
+    done: list[str] = []  # commands in the order they finished
+    b_prepare: list[threading.Thread] = []
+
+    def fail(command: Command) -> str | None:
+        if command.argv[-1] == "0" and not b_prepare:
+            # A's reset is running: B's prepare records its claim, and goes on meanwhile.
+            b_prepare.append(threading.Thread(target=state.prepare, args=([ref("b")],)))
+            b_prepare[0].start()
+            waiting.wait_for("B recorded", lambda: "b" in node.prepared() or None, timeout=10)
+            time.sleep(0.3)  # B's apply, unless it waits for A's reset
+        done.append(command.argv[-1])
+        return None
+
+    node.runner.fail = fail
+    assert state.unprepare([ref("a")]) == {"a": ""}
+    b_prepare[0].join(timeout=10)
+    assert done == ["0", "3"], "the GPU ends with B's interval"
