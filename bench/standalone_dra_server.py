@@ -23,6 +23,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.kube.client import connect
 from dra_gpu.kubeletplugin import dra_service
 from dra_gpu.plugin import inventory, prepare_core
+from dra_gpu.sharing.applied import Switches
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -56,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         inventory=lambda: devices,
         client=connect(args.kubeconfig),
         call_lock=contextlib.nullcontext,
+        sharing=Switches(),
     )
     state.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.workers))

@@ -58,6 +58,7 @@ def device_state(
 
     from dra_gpu.kubeletplugin import call_lock
     from dra_gpu.plugin import prepare_core
+    from dra_gpu.sharing.applied import Switches
 
     return prepare_core.make_state(
         driver_name=settings.driver_name,
@@ -67,6 +68,7 @@ def device_state(
         simulated=settings.simulate is not None,
         driver_root=settings.driver_root,
         host_driver_root=PurePosixPath(settings.host_driver_root),
+        sharing=Switches(time_slicing=settings.time_slicing_settings, mps=settings.mps_support),
         inventory=inventory,
         client=client,
         call_lock=(

@@ -14,6 +14,8 @@ from dra_gpu.devices.model import Device
 from dra_gpu.kube.client import KubeClient
 from dra_gpu.prepare import claims, node_facts
 from dra_gpu.prepare.state import CallLock, DeviceState, StateSettings
+from dra_gpu.sharing.applied import Sharing, Switches, recording_path
+from dra_gpu.sharing.runner import ProcessRunner, RecordingRunner, Runner
 
 
 def make_state(
@@ -28,9 +30,17 @@ def make_state(
     inventory: Callable[[], Mapping[str, Device]],
     client: KubeClient,
     call_lock: CallLock,
+    sharing: Switches,
 ) -> DeviceState:
     """The prepare handler as the plugin process runs it: claims read from the API server,
-    node warnings posted as Events."""
+    node warnings posted as Events.
+
+    ``sharing``: which strategies are applied to the GPUs; simulated nodes record the commands
+    in the state dir (``sharing.applied.recording_path``) instead of running them.
+    """
+    runner: Runner = (
+        RecordingRunner(recording_path(state_dir)) if simulated else ProcessRunner(driver_root)
+    )
     return DeviceState(
         settings=StateSettings(
             driver_name=driver_name,
@@ -47,4 +57,5 @@ def make_state(
         ),
         report=claims.NodeEventReporter(client, node_name=node_name),
         call_lock=call_lock,
+        sharing=Sharing(runner=runner, state_dir=state_dir, switches=sharing),
     )

@@ -54,6 +54,8 @@ ENV_VARS: Mapping[str, str] = {
     "rediscover_interval": "REDISCOVER_INTERVAL",
     "health_config": "HEALTH_CONFIG",
     "metrics_address": "METRICS_ADDRESS",
+    "time_slicing_settings": "TIME_SLICING_SETTINGS",
+    "mps_support": "MPS_SUPPORT",
 }
 
 
@@ -92,6 +94,9 @@ class Settings:
     health_config: Path | None = None
     # Where /metrics is served; None: not served.
     metrics_address: tuple[str, int] | None = None
+    # Sharing applied to the GPUs (dra_gpu.sharing, docs/sharing.md); off: env only.
+    time_slicing_settings: bool = False
+    mps_support: bool = False
 
     @property
     def rolling_update(self) -> bool:
@@ -174,6 +179,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "serve Prometheus /metrics at HOST:PORT (default empty: off)",
         metavar="HOST:PORT",
     )
+    add(
+        "--time-slicing-settings",
+        "time_slicing_settings",
+        "true: set the time-slice interval of a GpuConfig on the GPU at prepare, reset it at "
+        "unprepare (default false: the interval reaches the container environment only)",
+        metavar="BOOL",
+    )
+    add(
+        "--mps-support",
+        "mps_support",
+        "true: run an MPS control daemon per claim whose GpuConfig/MigDeviceConfig asks for MPS "
+        "(default false: the MPS settings reach the container environment only)",
+        metavar="BOOL",
+    )
 
 
 def _pick(values: Mapping[str, object], env: Mapping[str, str], dest: str) -> str | None:
@@ -232,6 +251,15 @@ def _metrics_address(raw: str | None) -> tuple[str, int] | None:
         raise SettingsError(str(err)) from None
 
 
+def _switch(raw: str | None, what: str) -> bool:
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise SettingsError(f"{what} must be true or false, got {raw!r}")
+    return value == "true"
+
+
 def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Settings:
     """Settings from parsed flags (``vars(args)``) and the environment; raises SettingsError."""
 
@@ -273,6 +301,8 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         rediscover_interval_s=_interval(pick("rediscover_interval")),
         health_config=_optional_path(pick("health_config")),
         metrics_address=_metrics_address(pick("metrics_address")),
+        time_slicing_settings=_switch(pick("time_slicing_settings"), "--time-slicing-settings"),
+        mps_support=_switch(pick("mps_support"), "--mps-support"),
     )
     for path in dataclasses.astuple(socket_paths(settings)):
         if len(str(path).encode()) > sockets.MAX_PATH:

@@ -194,23 +194,28 @@ def build_spec(
     claim_ref: str,
     devices: Sequence[ClaimDevice],
     node: Node,
+    device_edits: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The CDI spec (as JSON data) for one claim; raises :class:`CDIError`.
 
     ``claim_ref`` is ``<namespace>/<name>``, put into the environment for humans.
+    ``device_edits``: per device name, more ``env`` and ``mounts`` (the MPS daemon's pipe
+    directory and shared memory, from ``dra_gpu.sharing``).
     """
     if not devices:
         raise CDIError(f"claim {claim_uid} has no devices to put in a CDI spec")
-    cdi_devices = [
-        {
-            "name": f"{claim_uid}-{device.name}",
-            "containerEdits": {
-                "env": device_env(device, claim_ref),
-                "deviceNodes": [_device_node(p, node) for p in _node_paths(device, node)],
-            },
+    extra = device_edits or {}
+    cdi_devices = []
+    for device in devices:
+        edits: dict[str, Any] = {
+            "env": device_env(device, claim_ref),
+            "deviceNodes": [_device_node(p, node) for p in _node_paths(device, node)],
         }
-        for device in devices
-    ]
+        more = extra.get(device.name) or {}
+        edits["env"] += list(more.get("env") or ())
+        if more.get("mounts"):
+            edits["mounts"] = list(more["mounts"])
+        cdi_devices.append({"name": f"{claim_uid}-{device.name}", "containerEdits": edits})
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": KIND,

@@ -7,9 +7,11 @@ Prepare, per claim (claims of one call are independent: each gets its own result
 2. Fetch the claim (:class:`ClaimFetcher`), plan it (:func:`plan.plan_claim`: UID, allocation,
    driver, pool, devices, config) and build its CDI spec: all pure, nothing written yet.
 3. Record ``PrepareStarted`` (refused if a device is held by another claim and not shared);
-   write the CDI spec; record ``PrepareCompleted`` durably; answer.
+   apply the sharing settings (``dra_gpu.sharing``: time-slice interval, MPS daemon); write the
+   CDI spec; record ``PrepareCompleted`` durably; answer.
 
-Unprepare: remove the CDI spec, then drop the record durably. An unknown claim is success.
+Unprepare: remove the CDI spec, undo the sharing settings, then drop the record durably. An
+unknown claim is success. Start-up makes the sharing settings match the completed claims.
 
 Crash safety follows from that order, checked on :meth:`DeviceState.start` (which the process
 runs before serving, under the node-wide call lock, so in a rolling update the other instance's
@@ -77,11 +79,13 @@ from dra_gpu.prepare.checkpoint import (
 )
 from dra_gpu.prepare.node_facts import NodeFacts
 from dra_gpu.prepare.plan import ClaimPlan, PlanError, plan_claim
+from dra_gpu.sharing.applied import Sharing, SharingError
 
 log = logging.getLogger(__name__)
 
 FAULT_STEPS: Final = (
     "after-checkpoint-started",
+    "after-sharing-applied",
     "after-cdi-written",
     "after-checkpoint-completed",
     "unprepare-after-cdi-removed",
@@ -183,8 +187,11 @@ class DeviceState:
         boot_id: Callable[[], str] = read_boot_id,
         store: CheckpointStore | None = None,
         call_lock: CallLock = contextlib.nullcontext,
+        sharing: Sharing | None = None,
     ) -> None:
         self.settings = settings
+        # Time-slicing and MPS applied to the GPUs (dra_gpu.sharing); off unless switched on.
+        self._sharing = sharing or Sharing.off(settings.state_dir)
         self._call_lock = call_lock
         self._inventory = inventory
         self._claims = claims
@@ -237,7 +244,7 @@ class DeviceState:
         try:
             with self._locks.hold(ref.uid):
                 return PrepareResult(devices=self._prepare_locked(ref, fetched))
-        except UserError as exc:  # PlanError, cdi.CDIError, ConfigError
+        except UserError as exc:  # PlanError, cdi.CDIError, ConfigError, SharingError
             # Someone must act (fix the claim, the node): the pod waits until then. A warning,
             # without a traceback: the message says all there is to say.
             log.warning("prepare %s (%s) failed: %s", ref, ref.uid, exc)
@@ -268,9 +275,7 @@ class DeviceState:
             inventory=self._inventory(),
         )
         devices = [d.cdi for d in plan.devices]
-        spec = cdi.build_spec(
-            claim_uid=ref.uid, claim_ref=str(ref), devices=devices, node=self._node(devices)
-        )
+        spec = self._spec(ref.uid, str(ref), devices)
         if record is not None and record.from_spec:
             # Prepared before the checkpoint lost the record: the claim stays prepared whatever
             # happens here, so no roll-back. Full facts first, then the spec is replaced
@@ -284,12 +289,14 @@ class DeviceState:
         self.store.update(self._recorded(plan, started), durable=False)
         self._fault("after-checkpoint-started")
         try:
+            self._sharing.apply(ref.uid, devices)
+            self._fault("after-sharing-applied")
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
             self._fault("after-cdi-written")
             completed = records.claim_record(plan, state=PREPARE_COMPLETED)
             self.store.update(lambda cp: cp.with_claim(ref.uid, completed), durable=True)
         except Exception:
-            self._roll_back(ref.uid)
+            self._roll_back(ref.uid, devices)
             raise
         self._fault("after-checkpoint-completed")
         log.info("prepared %s (%s): %s", ref, ref.uid, ", ".join(d.cdi.name for d in plan.devices))
@@ -305,15 +312,22 @@ class DeviceState:
                     continue
                 for planned in plan.devices:
                     why = records.conflicts(planned, other_uid=other_uid, other=other)
+                    why = why or self._sharing.conflict(
+                        [planned.cdi], other_uid=other_uid, other=other
+                    )
                     if why is not None:
                         raise PlanError(f"claim {plan.ref}: {why}")
             return checkpoint.with_claim(uid, record)
 
         return mutate
 
-    def _roll_back(self, uid: ClaimUID) -> None:
+    def _roll_back(self, uid: ClaimUID, devices: Sequence[cdi.ClaimDevice]) -> None:
         try:
             cdi.remove_spec(self.settings.cdi_root, uid)
+            try:
+                self._sharing.undo(uid, devices, lambda: self._other_claims(uid))
+            except SharingError as exc:  # the record goes anyway: the next start repairs
+                log.error("rolling back claim %s: %s", uid, exc)
             self.store.update(lambda cp: cp.without_claim(uid), durable=False)
         except Exception:
             log.exception("rolling back claim %s failed; the next start cleans it up", uid)
@@ -326,12 +340,50 @@ class DeviceState:
                 if not known:
                     return ""  # never prepared here, or already unprepared
                 self._fault("unprepare-after-cdi-removed")
+                self._undo_sharing(ref.uid)
                 self.store.update(lambda cp: cp.without_claim(ref.uid), durable=True)
                 self._fault("unprepare-after-checkpoint-removed")
                 log.info("unprepared %s (%s)", ref, ref.uid)
                 return ""
+        except SharingError as exc:
+            log.warning("unprepare %s (%s) failed: %s", ref, ref.uid, exc)
+            return f"unprepare {ref}: {exc}"
         except Exception as exc:
             return self._unexpected("unprepare", ref, exc)
+
+    def _undo_sharing(self, uid: ClaimUID) -> None:
+        """Undo the claim's sharing settings; raises SharingError (the kubelet retries)."""
+        claims = self.store.load().claims
+        try:
+            devices = records.claim_devices(claims[uid])
+        except (records.RecordIncomplete, ConfigError):
+            return  # an older plugin's (or a rebuilt) record: no settings were applied
+        self._sharing.undo(uid, devices, lambda: self._other_claims(uid))
+
+    def _other_claims(self, uid: ClaimUID) -> list[ClaimRecord]:
+        return [r for u, r in self.store.load().claims.items() if u != uid]
+
+    def _repair_sharing(self, checkpoint: Checkpoint) -> list[str]:
+        """Make the GPUs and MPS daemons match the completed claims (``Sharing.repair``)."""
+        completed = {}
+        for uid, record in checkpoint.claims.items():
+            if record.state != PREPARE_COMPLETED:
+                continue
+            try:
+                completed[uid] = (record, records.claim_devices(record))
+            except (records.RecordIncomplete, ConfigError):
+                continue  # older or rebuilt-from-spec records carry no settings to keep
+        gpus = [d.uuid for d in self._inventory().values() if d.type == "gpu" and d.uuid]
+        return self._sharing.repair(completed, gpus)
+
+    def _spec(self, uid: ClaimUID, ref: str, devices: Sequence[cdi.ClaimDevice]) -> dict[str, Any]:
+        return cdi.build_spec(
+            claim_uid=uid,
+            claim_ref=ref,
+            devices=devices,
+            node=self._node(devices),
+            device_edits=self._sharing.cdi_edits(uid, devices),
+        )
 
     def _unexpected(self, what: str, ref: ClaimRef, exc: Exception) -> str:
         if isinstance(exc, CheckpointCorrupt):
@@ -409,7 +461,7 @@ class DeviceState:
             return cp.with_boot_id(boot)
 
         try:
-            self.store.update(settle, durable=True)
+            checkpoint = self.store.update(settle, durable=True)
         except OSError as exc:
             # A full state disk must not keep the plugin from serving (it would crash-loop):
             # claims already prepared are answered from the checkpoint as it is; calls that
@@ -420,6 +472,7 @@ class DeviceState:
             )
             problems.append(problem)
             self._report("CheckpointWriteFailed", problem)
+        problems += self._repair_sharing(checkpoint)
         report = StartReport(
             rewritten=tuple(rewritten),
             rolled_back=tuple(started),
@@ -470,8 +523,7 @@ class DeviceState:
             ref = f"{record.namespace}/{record.name}"
             try:
                 devices = records.claim_devices(record)
-                node = self._node(devices)
-                spec = cdi.build_spec(claim_uid=uid, claim_ref=ref, devices=devices, node=node)
+                spec = self._spec(uid, ref, devices)
                 cdi.write_spec(self.settings.cdi_root, uid, spec)
                 rewritten.append(uid)
             except (records.RecordIncomplete, ConfigError, cdi.CDIError, OSError) as exc:
