@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path, PurePosixPath
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -38,6 +38,9 @@ from dra_gpu.plugin import claims, faults
 from dra_gpu.plugin.ids import ClaimUID
 from dra_gpu.plugin.plan import ClaimRef
 from dra_gpu.plugin.state import CallLock, DeviceState, PrepareResult, StateSettings
+
+if TYPE_CHECKING:
+    from dra_gpu.mig.dynamic import DynamicMig
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +127,7 @@ def make_state(
     env: Mapping[str, str] = os.environ,
     host_driver_root: PurePosixPath | None = None,
     call_lock: CallLock = contextlib.nullcontext,
+    mig: DynamicMig | None = None,
 ) -> DeviceState:
     """The prepare handler as the plugin process runs it (faults from ``DRA_GPU_FAULT``)."""
     return DeviceState(
@@ -141,6 +145,7 @@ def make_state(
         fault=faults.from_env(env),
         report=claims.NodeEventReporter(client, node_name=node_name),
         call_lock=call_lock,
+        mig=mig,
     )
 
 

@@ -53,10 +53,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Final, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeGuard
 
 from dra_gpu.config import ConfigError
 from dra_gpu.devices.model import Device
+from dra_gpu.mig.instances import InstanceError
 from dra_gpu.plugin import cdi, cdi_host, records
 from dra_gpu.plugin.checkpoint import (
     PREPARE_COMPLETED,
@@ -72,6 +73,9 @@ from dra_gpu.plugin.ids import ClaimUID
 from dra_gpu.plugin.plan import ClaimPlan, ClaimRef, PlanError, plan_claim
 from dra_gpu.plugin.records import PreparedDevice
 
+if TYPE_CHECKING:
+    from dra_gpu.mig.dynamic import DynamicMig
+
 log = logging.getLogger(__name__)
 
 FAULT_STEPS: Final = (
@@ -81,6 +85,9 @@ FAULT_STEPS: Final = (
     "unprepare-after-cdi-removed",
     "unprepare-after-checkpoint-removed",
 )
+
+# Reached only by prepares that create a dynamic MIG device (a node with --mig-mode=dynamic).
+MIG_FAULT_STEPS: Final = ("after-mig-created",)
 
 
 class ClaimFetcher(Protocol):
@@ -148,6 +155,7 @@ class StartReport:
     temp_files_removed: int = 0
     problems: tuple[str, ...] = ()
     corrupt: str | None = None
+    mig_destroyed: tuple[str, ...] = ()  # dynamic MIG instances no completed claim owned
 
 
 @dataclass
@@ -188,8 +196,10 @@ class DeviceState:
         boot_id: Callable[[], str] = read_boot_id,
         store: CheckpointStore | None = None,
         call_lock: CallLock = contextlib.nullcontext,
+        mig: DynamicMig | None = None,
     ) -> None:
         self.settings = settings
+        self._mig = mig  # dynamic MIG: instances created by prepare (docs/dynamic-mig.md)
         self._call_lock = call_lock
         self._inventory = inventory
         self._claims = claims
@@ -242,7 +252,7 @@ class DeviceState:
         try:
             with self._locks.hold(ref.uid):
                 return PrepareResult(devices=self._prepare_locked(ref, fetched))
-        except (PlanError, cdi.CDIError, ConfigError) as exc:
+        except (PlanError, cdi.CDIError, ConfigError, InstanceError) as exc:
             # Someone must act (fix the claim, the node): the pod waits until then. A warning,
             # without a traceback: the message says all there is to say.
             log.warning("prepare %s (%s) failed: %s", ref, ref.uid, exc)
@@ -265,12 +275,13 @@ class DeviceState:
         claim = fetched.claim if fetched.read else self._get(ref)
         if claim is None:
             raise PlanError(f"claim {ref} not found in the API server")
+        inventory = self._inventory()
         plan = plan_claim(
             ref,
             claim,
             driver=self.settings.driver_name,
             pool=self.settings.node_name,
-            inventory=self._inventory(),
+            inventory=inventory,
         )
         devices = [d.cdi for d in plan.devices]
         spec = cdi.build_spec(
@@ -289,6 +300,13 @@ class DeviceState:
         self.store.update(self._recorded(plan, started), durable=False)
         self._fault("after-checkpoint-started")
         try:
+            if self._mig is not None and _partitions(plan, inventory):
+                plan = _with_instances(plan, inventory, self._mig)
+                self._fault("after-mig-created")
+                devices = [d.cdi for d in plan.devices]
+                spec = cdi.build_spec(
+                    claim_uid=ref.uid, claim_ref=str(ref), devices=devices, node=self._node(devices)
+                )
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
             self._fault("after-cdi-written")
             completed = records.claim_record(plan, state=PREPARE_COMPLETED)
@@ -319,6 +337,8 @@ class DeviceState:
     def _roll_back(self, uid: ClaimUID) -> None:
         try:
             cdi.remove_spec(self.settings.cdi_root, uid)
+            if self._mig is not None:
+                self._mig.release(uid)
             self.store.update(lambda cp: cp.without_claim(uid), durable=False)
         except Exception:
             log.exception("rolling back claim %s failed; the next start cleans it up", uid)
@@ -328,6 +348,8 @@ class DeviceState:
             with self._locks.hold(ref.uid):
                 known = ref.uid in self.store.load().claims
                 cdi.remove_spec(self.settings.cdi_root, ref.uid)
+                if self._mig is not None:
+                    self._mig.release(ref.uid)  # before the record: a crash destroys again
                 if not known:
                     return ""  # never prepared here, or already unprepared
                 self._fault("unprepare-after-cdi-removed")
@@ -429,8 +451,9 @@ class DeviceState:
                     cp = cp.with_claim(u, record)
             return cp.with_boot_id(boot)
 
+        settled = settle(checkpoint)
         try:
-            self.store.update(settle, durable=True)
+            settled = self.store.update(settle, durable=True)
         except OSError as exc:
             # A full state disk must not keep the plugin from serving (it would crash-loop):
             # claims already prepared are answered from the checkpoint as it is; calls that
@@ -441,7 +464,9 @@ class DeviceState:
             )
             problems.append(problem)
             self._report("CheckpointWriteFailed", problem)
+        destroyed = self._destroy_unowned(settled, problems)
         report = StartReport(
+            mig_destroyed=tuple(destroyed),
             rewritten=tuple(rewritten),
             rolled_back=tuple(started),
             adopted=tuple(ClaimUID(u) for u in adopted),
@@ -451,6 +476,22 @@ class DeviceState:
         )
         log.info("restored state: %s", report)
         return report
+
+    def _destroy_unowned(self, checkpoint: Checkpoint, problems: list[str]) -> list[str]:
+        """Dynamic MIG: destroy the driver's instances no completed claim owns (reported)."""
+        if self._mig is None:
+            return []
+        completed = [u for u, r in checkpoint.claims.items() if r.state == PREPARE_COMPLETED]
+        try:
+            destroyed = self._mig.reconcile(completed)
+        except InstanceError as exc:
+            problem = f"cannot destroy MIG devices no claim owns: {exc}; tried again next start"
+            self._report("MigDeviceCleanupFailed", problem)
+            problems.append(problem)
+            return []
+        for message in destroyed:
+            self._report("MigDeviceDestroyed", message)
+        return destroyed
 
     def _adopt_specs(self, checkpoint: Checkpoint) -> Checkpoint:
         """``checkpoint`` plus a record rebuilt from each spec of ours it has none for.
@@ -503,3 +544,23 @@ class DeviceState:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _partitions(plan: ClaimPlan, inventory: Mapping[str, Device]) -> bool:
+    return any(
+        (found := inventory.get(d.cdi.name)) is not None and found.partition is not None
+        for d in plan.devices
+    )
+
+
+def _with_instances(plan: ClaimPlan, inventory: Mapping[str, Device], mig: DynamicMig) -> ClaimPlan:
+    """``plan`` with each dynamic MIG device created and its CDI facts filled in."""
+    devices = []
+    for planned in plan.devices:
+        device = inventory[planned.cdi.name]
+        if device.partition is not None:
+            made = mig.ensure(plan.ref.uid, device)
+            cdi_device = replace(planned.cdi, uuid=made.uuid, gi_id=made.gi_id, ci_id=made.ci_id)
+            planned = replace(planned, cdi=cdi_device)
+        devices.append(planned)
+    return replace(plan, devices=tuple(devices))
