@@ -18,6 +18,7 @@ Cases:
 
 from __future__ import annotations
 
+import itertools
 import random
 import shutil
 from pathlib import Path
@@ -28,7 +29,7 @@ from nvml_fakes import FakeGpu, FakeMig, FakeNvml
 
 from dra_gpu import slices
 from dra_gpu.devices import migprofiles, naming, simulated
-from dra_gpu.devices.model import Device, GpuInfo
+from dra_gpu.devices.model import Device, GpuInfo, MigPartition
 from dra_gpu.devices.nvml import NvmlBackend
 from dra_gpu.mig import partitions
 from dra_gpu.mig.dynamic import DynamicMig
@@ -77,6 +78,27 @@ def test_seven_1g_fill_an_h100_and_a_mixed_layout_fits() -> None:
     assert partitions.fits(counters, [*mix, parts[("1g.10gb", 3)]])
     assert not partitions.fits(counters, [*mix, parts[("1g.10gb", 1)]])  # overlaps the 2g
     assert not partitions.fits(counters, [parts[("7g.80gb", 0)], parts[("1g.10gb", 6)]])
+
+
+def first_fit(order: list[MigPartition], counters: dict[str, int], wanted: list[str]) -> bool:
+    """What the scheduler does: each claim takes the first published device that still fits."""
+    chosen: list[MigPartition] = []
+    for profile in wanted:
+        fit = [p for p in order if p.profile == profile and partitions.fits(counters, [*chosen, p])]
+        if not fit:
+            return False
+        chosen.append(fit[0])
+    return True
+
+
+def test_published_order_packs_a_mixed_layout_in_any_arrival_order() -> None:
+    table = migprofiles.H100_80GB
+    order = partitions.partitions(table, 0)
+    counters = partitions.gpu_counters(table)
+    mix = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert all(first_fit(order, counters, list(p)) for p in itertools.permutations(mix))
+    assert first_fit(order, counters, ["1g.10gb"] * 7)
+    assert first_fit(order, counters, ["3g.40gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb"])
 
 
 def test_published_partitions_keep_static_names_and_consume_their_slices() -> None:
