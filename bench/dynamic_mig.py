@@ -201,42 +201,11 @@ def _device_classes(cluster: Any) -> None:
 def _allocate_once(cluster: Any, api: Any, node: str, i: int) -> float:
     from kubernetes import client
 
+    from e2e import mig_manifests
+
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
-    selector = f'device.attributes["{dra_gpu.DRIVER_NAME}"].profile == "1g.10gb"'
-    claim: dict[str, Any] = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": f"c{i}"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "mig",
-                        "exactly": {
-                            "deviceClassName": "mig.nvidia.com",
-                            "selectors": [{"cel": {"expression": selector}}],
-                        },
-                    }
-                ]
-            }
-        },
-    }
-    pod: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"p{i}"},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "mig"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "mig", "resourceClaimName": f"c{i}"}],
-        },
-    }
+    claim = mig_manifests.claim(f"c{i}", "1g.10gb")
+    pod = mig_manifests.pod(f"p{i}", node, claim=f"c{i}")
     resource.create_namespaced_resource_claim("bench", claim, _request_timeout=30)  # type: ignore[arg-type]
     start = time.perf_counter()
     core.create_namespaced_pod("bench", pod, _request_timeout=30)  # type: ignore[arg-type]

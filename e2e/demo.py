@@ -31,7 +31,7 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from e2e import demo_env, demo_view, supervisor
+from e2e import demo_dynamic_mig, demo_env, demo_view, supervisor
 from e2e.demo_env import DemoState, NodeInfo
 from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
 from e2e.suite.views import LogIncomplete, extended_requests, parse_report
@@ -297,6 +297,9 @@ def cmd_run(_: argparse.Namespace) -> int:
     rows: list[demo_view.Row] = []
     for entry in apply_scenarios(kube, state):
         rows += [entry] if isinstance(entry, demo_view.Row) else observe(kube, state, *entry)
+    _err("[demo] applying the dynamic MIG example (a MIG device created for its claim)")
+    dynamic = observe(kube, state, *demo_dynamic_mig.apply(kube))
+    rows += demo_dynamic_mig.with_created(dynamic, state)
     print()
     print(result_text(state, rows))
     return 0

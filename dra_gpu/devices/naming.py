@@ -84,58 +84,48 @@ def gpu_device(gpu: GpuInfo) -> Device:
 
 
 def mig_device(gpu: GpuInfo, mig: MigDeviceInfo) -> Device:
-    attrs: dict[str, AttributeValue] = {
-        model.ATTR_TYPE: "mig",
-        model.ATTR_UUID: mig.uuid,
-        model.ATTR_PARENT_UUID: gpu.uuid,
-        model.ATTR_PROFILE: mig.profile,
-        **_common_attributes(gpu),
-    }
-    capacity = {
-        **mig.engines.capacities(),
-        model.CAP_MEMORY: mig.memory_bytes,
-    }
-    name = mig_device_name(
-        parent_minor=gpu.minor,
-        profile=mig.profile,
-        gi_profile_id=mig.gi_profile_id,
-        start=mig.placement_start,
-    )
-    return Device(
-        name=name,
-        type="mig",
-        uuid=mig.uuid,
-        attributes=MappingProxyType(attrs),
-        capacity=MappingProxyType(capacity),
-        gpu=gpu,
-        mig=mig,
-    )
+    capacity = {**mig.engines.capacities(), model.CAP_MEMORY: mig.memory_bytes}
+    where = (mig.profile, mig.gi_profile_id, mig.placement_start)
+    return _mig_device(gpu, where, capacity, uuid=mig.uuid, mig=mig)
 
 
 def partition_device(gpu: GpuInfo, partition: MigPartition) -> Device:
     """A MIG device that prepare creates: the attributes of the static one, but no ``uuid``."""
-    table = migprofiles.TABLES[gpu.mig_table or ""]
-    profile = table.by_name(partition.profile)
-    attrs: dict[str, AttributeValue] = {
-        model.ATTR_TYPE: "mig",
+    profile = migprofiles.TABLES[gpu.mig_table or ""].by_name(partition.profile)
+    capacity = {**profile.engines.capacities(), model.CAP_MEMORY: profile.memory_bytes}
+    where = (partition.profile, partition.gi_profile_id, partition.start)
+    return _mig_device(gpu, where, capacity, uuid=None, partition=partition)
+
+
+def _mig_device(
+    gpu: GpuInfo,
+    where: tuple[str, int, int],  # profile, GI profile id, placement start
+    capacity: dict[str, int],
+    *,
+    uuid: str | None,
+    mig: MigDeviceInfo | None = None,
+    partition: MigPartition | None = None,
+) -> Device:
+    profile, gi_profile_id, start = where
+    attrs: dict[str, AttributeValue] = {model.ATTR_TYPE: "mig"}
+    if uuid is not None:
+        attrs[model.ATTR_UUID] = uuid
+    attrs |= {
         model.ATTR_PARENT_UUID: gpu.uuid,
-        model.ATTR_PROFILE: partition.profile,
+        model.ATTR_PROFILE: profile,
         **_common_attributes(gpu),
     }
-    capacity = {**profile.engines.capacities(), model.CAP_MEMORY: profile.memory_bytes}
     name = mig_device_name(
-        parent_minor=gpu.minor,
-        profile=partition.profile,
-        gi_profile_id=partition.gi_profile_id,
-        start=partition.start,
+        parent_minor=gpu.minor, profile=profile, gi_profile_id=gi_profile_id, start=start
     )
     return Device(
         name=name,
         type="mig",
-        uuid=None,
+        uuid=uuid,
         attributes=MappingProxyType(attrs),
         capacity=MappingProxyType(capacity),
         gpu=gpu,
+        mig=mig,
         partition=partition,
     )
 

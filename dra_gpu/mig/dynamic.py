@@ -2,11 +2,11 @@
 
 How the driver tells its instances from an administrator's: the **ledger**, a file in the
 plugin's state directory (``dynamic-mig.json``), lists every instance the driver creates, with
-the claim it is for. An entry is written durably *before* the GPU instance is created and
-completed with the instance's IDs after, so a crash at any point leaves either nothing on the
-GPU or an instance the ledger names (by GPU, placement start and GI profile, which identify a GPU
-instance). Instances the ledger does not name were made by someone else and are never touched;
-a claim allocated a placement such an instance overlaps fails prepare, naming it.
+the claim it is for, by GPU, placement start and GI profile (which identify a GPU instance: two
+never share a memory slice). An entry is written durably *before* the GPU instance is created,
+so a crash at any point leaves either nothing on the GPU or an instance the ledger names.
+Instances the ledger does not name were made by someone else and are never touched; a claim
+allocated a placement such an instance overlaps fails prepare, naming it.
 
 Crash safety, both ways (``reconcile``, run at start-up with the claims the checkpoint has as
 ``PrepareCompleted``): an entry whose claim is not completed is a prepare that never answered
@@ -21,7 +21,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,6 @@ class Owned:
     gpu_uuid: str
     gi_profile_id: int
     start: int
-    instance: MigInstance | None = None  # None: creation started, not confirmed
 
     def matches(self, instance: MigInstance) -> bool:
         return instance.at(self.gpu_uuid, self.start, self.gi_profile_id)
@@ -63,10 +62,7 @@ class Ledger:
             return []
         except (OSError, ValueError) as exc:
             raise InstanceError(f"dynamic MIG ledger {self.path} is unreadable: {exc}") from exc
-        return [
-            Owned(**{**e, "instance": MigInstance(**e["instance"]) if e.get("instance") else None})
-            for e in raw
-        ]
+        return [Owned(**e) for e in raw]
 
     def change(self, edit: Callable[[list[Owned]], list[Owned]]) -> None:
         with self._lock:
@@ -93,8 +89,7 @@ class DynamicMig:
         mine = [e for e in self.ledger.load() if e.claim == claim and e.device == device.name]
         for instance in present:
             if mine and mine[0].matches(instance):
-                self._confirm(claim, device.name, instance)
-                return instance  # created before a crash or by an earlier call of this claim
+                return instance  # created by an earlier call for this claim
             if (
                 instance.start < part.start + part.size
                 and part.start < instance.start + instance.size
@@ -109,7 +104,6 @@ class DynamicMig:
             entry = Owned(claim, device.name, gpu.uuid, part.gi_profile_id, part.start)
             self.ledger.change(lambda entries: [*entries, entry])
         instance = self.instances.create(gpu, part)
-        self._confirm(claim, device.name, instance)
         log.info("created MIG device %s for claim %s: %s", instance.uuid, claim, instance)
         return instance
 
@@ -118,15 +112,6 @@ class DynamicMig:
             if e.matches(instance):
                 return f"created by this driver for claim {e.claim}"
         return "not created by this driver (left alone)"
-
-    def _confirm(self, claim: str, device: str, instance: MigInstance) -> None:
-        def edit(entries: list[Owned]) -> list[Owned]:
-            return [
-                replace(e, instance=instance) if (e.claim, e.device) == (claim, device) else e
-                for e in entries
-            ]
-
-        self.ledger.change(edit)
 
     def release(self, claim: str) -> list[MigInstance]:
         """Destroy the instances ``claim`` owns, then forget them; raises InstanceError."""

@@ -291,6 +291,9 @@ class DeviceState:
             # Prepared before the checkpoint lost the record: the claim stays prepared whatever
             # happens here, so no roll-back. Full facts first, then the spec is replaced
             # atomically (on failure the old one, naming the same devices, stays).
+            made = self._with_mig_devices(plan, inventory)  # those it has (in the ledger)
+            if made is not None:
+                plan, spec = made
             completed = records.claim_record(plan, state=PREPARE_COMPLETED)
             self.store.update(self._recorded(plan, completed), durable=True)
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
@@ -300,13 +303,10 @@ class DeviceState:
         self.store.update(self._recorded(plan, started), durable=False)
         self._fault("after-checkpoint-started")
         try:
-            if self._mig is not None and _partitions(plan, inventory):
-                plan = _with_instances(plan, inventory, self._mig)
+            made = self._with_mig_devices(plan, inventory)
+            if made is not None:
+                plan, spec = made
                 self._fault("after-mig-created")
-                devices = [d.cdi for d in plan.devices]
-                spec = cdi.build_spec(
-                    claim_uid=ref.uid, claim_ref=str(ref), devices=devices, node=self._node(devices)
-                )
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
             self._fault("after-cdi-written")
             completed = records.claim_record(plan, state=PREPARE_COMPLETED)
@@ -317,6 +317,21 @@ class DeviceState:
         self._fault("after-checkpoint-completed")
         log.info("prepared %s (%s): %s", ref, ref.uid, ", ".join(d.cdi.name for d in plan.devices))
         return records.prepared_devices(completed)
+
+    def _with_mig_devices(
+        self, plan: ClaimPlan, inventory: Mapping[str, Device]
+    ) -> tuple[ClaimPlan, dict[str, Any]] | None:
+        """Dynamic MIG: the plan with its MIG devices created (or found) and its CDI spec; None
+        when it has none to create."""
+        if self._mig is None or not _partitions(plan, inventory):
+            return None
+        plan = _with_instances(plan, inventory, self._mig)
+        devices = [d.cdi for d in plan.devices]
+        ref = plan.ref
+        spec = cdi.build_spec(
+            claim_uid=ref.uid, claim_ref=str(ref), devices=devices, node=self._node(devices)
+        )
+        return plan, spec
 
     def _recorded(self, plan: ClaimPlan, record: ClaimRecord) -> Callable[[Checkpoint], Checkpoint]:
         """Records ``record`` for the planned claim unless another claim holds its devices."""

@@ -43,7 +43,7 @@ from dra_gpu.mig import partitions
 from dra_gpu.mig.dynamic import SIMULATED_STATE_NAME
 from dra_gpu.mig.instances import MigInstance
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
-from e2e import procs, waiting
+from e2e import mig_manifests, procs, waiting
 from e2e.cluster import Cluster
 from e2e.driver import PluginDirs, plugin_argv
 
@@ -141,41 +141,11 @@ def node(cluster: Cluster) -> Iterator[Node]:
 
 
 def template(profile: str) -> dict[str, Any]:
-    selector = f'device.attributes["{dra_gpu.DRIVER_NAME}"].profile == "{profile}"'
-    request = {
-        "name": "mig",
-        "exactly": {
-            "deviceClassName": "mig.nvidia.com",
-            "selectors": [{"cel": {"expression": selector}}],
-        },
-    }
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": profile.replace(".", "-")},
-        "spec": {"spec": {"devices": {"requests": [request]}}},
-    }
+    return mig_manifests.claim_template(profile.replace(".", "-"), profile)
 
 
 def create_pod(node: Node, name: str, profile: str) -> None:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node.name},
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "mig"}]},
-                }
-            ],
-            "resourceClaims": [
-                {"name": "mig", "resourceClaimTemplateName": profile.replace(".", "-")}
-            ],
-        },
-    }
+    pod = mig_manifests.pod(name, node.name, template=profile.replace(".", "-"))
     node.cluster.kubectl("create", "-n", node.name, "-f", "-", input=json.dumps(pod))
 
 
@@ -324,7 +294,13 @@ def test_the_scheduler_fills_frees_and_mixes_partitions(node: Node) -> None:
     node.start()
     wait_for("the orphan destroyed at start", lambda: len(node.instances()) == 3)
     assert "MIG device" in node.log.read_text() and "destroyed" in node.log.read_text()
-    assert node.call("prepare", victim) == ""  # the kubelet's retry
+    # The kubelet's retry, once the restarted plugin serves (its DRA socket comes up after
+    # /healthz and the start-up recovery).
+    wait_for(
+        "the repeated prepare answered",
+        lambda: node.call("prepare", victim) == "",
+        retry_on=(grpc.RpcError,),
+    )
     assert len(node.instances()) == 4 and no_overlap(node.instances())
     delete_pods(node, mix)
     assert node.instances() == []

@@ -313,3 +313,19 @@ def test_an_administrators_instance_is_left_alone(tmp_path: Path) -> None:
     assert node.instances() == [admin]
     assert node.state().start().mig_destroyed == ()
     assert node.instances() == [admin]
+
+
+def test_a_lost_checkpoint_keeps_the_device_and_its_spec(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.fetcher.add(claim("u1", [result("gpu-0-mig-2g20gb-14-2", pool=NODE)]))
+    assert node.state().prepare([ref("u1")])[ClaimUID("u1")].error == ""
+    (made,) = node.instances()
+    (tmp_path / "state" / "checkpoint.json").unlink()  # the record is gone, the spec is not
+
+    restarted = node.state()
+    assert restarted.start().mig_destroyed == ()  # adopted from its spec: still prepared
+    assert node.instances() == [made]
+    assert restarted.prepare([ref("u1")])[ClaimUID("u1")].error == ""  # planned again
+    (spec,) = (tmp_path / "cdi").glob("*.json")
+    assert made.uuid in spec.read_text()
+    assert node.instances() == [made]
