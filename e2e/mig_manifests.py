@@ -53,6 +53,7 @@ def pod(
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
             "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
             "containers": [
                 {
                     "name": "ctr",
