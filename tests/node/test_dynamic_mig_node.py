@@ -8,6 +8,7 @@ Cases, in order on one GPU:
 - seven ``1g`` pods run, each with its own created MIG device; an eighth stays Pending with the
   scheduler's reason;
 - deleting the seven (the kubelet unprepares: the devices are destroyed) lets the eighth run;
+  once it is gone too, ``3g + 2g + 1g + 1g`` pods run on MIG devices that do not overlap;
 - a plugin SIGKILLed between creating a MIG device and completing the checkpoint leaves no
   orphan: restarted, it destroys it, the kubelet's retry creates it again and the pod runs.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from dra_gpu.devices import migprofiles
 from dra_gpu.mig.dynamic import SIMULATED_STATE_NAME
 from e2e import mig_manifests
 from e2e.cluster import Cluster
@@ -70,7 +72,7 @@ def dyn(cluster: Cluster, driver: object, kube: Kube) -> Iterator[DynamicNode]:
         dn.plugin.start()
         dn.plugin.wait_registered()
         kube.create_namespace(NAMESPACE)
-        for profile in ("1g.10gb", "3g.40gb"):
+        for profile in ("1g.10gb", "2g.20gb", "3g.40gb"):
             kube.create(NAMESPACE, mig_manifests.claim_template(template(profile), profile))
         yield dn
     finally:
@@ -139,6 +141,21 @@ def test_pods_get_created_mig_devices_through_the_kubelet(
     assert mig_uuid(kube, "eighth") == left["uuid"]
     delete(cluster, kube, "eighth")
     assert wait_for("every MIG device destroyed", lambda: dyn.instances() == [], timeout=WAIT_S)
+
+    # The freed placements serve other profiles: 3g + 2g + 1g + 1g, placed without overlap.
+    mix = {"three": "3g.40gb", "two": "2g.20gb", "one-a": "1g.10gb", "one-b": "1g.10gb"}
+    for pod, profile in mix.items():
+        create(kube, pod, profile)
+    for pod in mix:
+        wait_for(f"{pod} running", lambda p=pod: running(kube, p), timeout=WAIT_S)  # type: ignore[misc]
+    layout = [(i["profile"], i["start"]) for i in dyn.instances()]
+    assert sorted(p for p, _ in layout) == sorted(mix.values())
+    assert migprofiles.layout_errors(migprofiles.H100_80GB, layout) == []
+    assert {mig_uuid(kube, p) for p in mix} == {i["uuid"] for i in dyn.instances()}
+    delete(cluster, kube, *mix)
+    assert wait_for(
+        "the mix's MIG devices destroyed", lambda: dyn.instances() == [], timeout=WAIT_S
+    )
 
     # SIGKILL between creating the MIG device and completing the checkpoint, then restart.
     dyn.plugin.stop()
