@@ -134,7 +134,9 @@ def prepare_cycles(samples: int, *, dynamic: bool) -> tuple[list[float], list[fl
 
 def bench_prepare(samples: int) -> None:
     for dynamic in (True, False):
-        label = "dynamic MIG (creates the device)" if dynamic else "static MIG (device exists)"
+        label = (
+            "dynamic MIG (device created / destroyed)" if dynamic else "static MIG (device exists)"
+        )
         prep, unprep = prepare_cycles(samples, dynamic=dynamic)
         show(f"prepare, {label}", prep)
         show(f"unprepare, {label}", unprep)
