@@ -372,6 +372,10 @@ class DeviceState:
                 self._fault("unprepare-after-checkpoint-removed")
                 log.info("unprepared %s (%s)", ref, ref.uid)
                 return ""
+        except InstanceError as exc:
+            # The claim stays recorded, so the kubelet's retry destroys the device again.
+            log.warning("unprepare %s (%s) failed: %s", ref, ref.uid, exc)
+            return f"unprepare {ref}: {exc}"
         except Exception as exc:
             return self._unexpected("unprepare", ref, exc)
 

@@ -329,3 +329,26 @@ def test_a_lost_checkpoint_keeps_the_device_and_its_spec(tmp_path: Path) -> None
     (spec,) = (tmp_path / "cdi").glob("*.json")
     assert made.uuid in spec.read_text()
     assert node.instances() == [made]
+
+
+class _BrokenDestroy(SimulatedInstances):
+    def destroy(self, gpu_uuid: str, instance: MigInstance) -> bool:
+        raise InstanceError(f"nvmlGpuInstanceDestroy: In use by another client ({instance})")
+
+
+def test_a_device_that_cannot_be_destroyed_fails_unprepare_until_it_can(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.fetcher.add(claim("u1", [result("gpu-0-mig-1g10gb-19-0", pool=NODE)]))
+    assert node.state().prepare([ref("u1")])[ClaimUID("u1")].error == ""
+    broken = _BrokenDestroy(node.sim.path, node_name=NODE)
+    stuck = device_state(
+        tmp_path,
+        devices=node.devices,
+        claims=node.fetcher,
+        mig=DynamicMig(state_dir=tmp_path / "state", instances=broken),
+    )
+    error = stuck.unprepare([ref("u1")])[ClaimUID("u1")]
+    assert error.startswith("unprepare default/claim-u1: nvmlGpuInstanceDestroy: In use"), error
+    assert len(node.instances()) == 1
+    assert node.state().unprepare([ref("u1")]) == {"u1": ""}  # the kubelet's retry
+    assert node.instances() == []
