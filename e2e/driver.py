@@ -176,7 +176,14 @@ class PluginProcess(ManagedProcess):
 
     @classmethod
     def simulated(
-        cls, workdir: Path, *, node_name: str, kubeconfig: Path, profile: str, healthz_port: int = 0
+        cls,
+        workdir: Path,
+        *,
+        node_name: str,
+        kubeconfig: Path,
+        profile: str,
+        healthz_port: int = 0,
+        extra: Sequence[str] = (),
     ) -> PluginProcess:
         """A plugin for a node without a kubelet: only its ResourceSlices are real."""
         root = workdir / node_name
@@ -187,6 +194,7 @@ class PluginProcess(ManagedProcess):
             dirs=PluginDirs.under(root),
             log_path=root / "plugin.log",
             healthz_port=healthz_port,
+            extra=extra,
         )
 
     def registrations(self) -> int:

@@ -137,6 +137,32 @@ class GpuInfo:
     mig_capable: bool = False
     # Key into dra_gpu.devices.migprofiles (e.g. "H200-141GB"); None when unknown.
     mig_table: str | None = None
+    # Dynamic MIG (the node's setting): MIG devices are created for claims, so every
+    # (profile, placement) is published as a partition of the GPU (docs/dynamic-mig.md).
+    mig_dynamic: bool = False
+
+
+@dataclass(frozen=True)
+class MigPartition:
+    """A MIG device that prepare creates: one (profile, placement) of a dynamic-MIG GPU.
+
+    ``consumes``: the counters it takes from its GPU's counter set ``counter_set``, whose full
+    values are ``gpu_counters``; the scheduler never lets allocated partitions exceed them.
+    """
+
+    profile: str
+    gi_profile_id: int
+    ci_profile_id: int
+    start: int  # placement start, in memory slices
+    size: int  # in memory slices
+    counter_set: str
+    consumes: Mapping[str, int]
+    gpu_counters: Mapping[str, int]
+
+    @property
+    def set_counters(self) -> Mapping[str, int]:
+        """The kit's name for the whole set (``kubeletplugin.slices.CounterUse``)."""
+        return self.gpu_counters
 
 
 @dataclass(frozen=True)
@@ -150,6 +176,7 @@ class Device:
     capacity: Mapping[str, int]
     gpu: GpuInfo
     mig: MigDeviceInfo | None = None
+    partition: MigPartition | None = None  # dynamic MIG: created by prepare
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ Compatibility contract (claims written for NVIDIA's driver must select our devic
 * the minor number, not the NVML index, names a GPU: the index follows PCI enumeration order and
   has changed across reboots, the minor is the ``/dev/nvidia<minor>`` node.
 * a GPU with MIG enabled is published only through its MIG devices: its whole-GPU form cannot be
-  handed to a container while MIG is on.
+  handed to a container while MIG is on. With dynamic MIG (``GpuInfo.mig_dynamic``) those are
+  every (profile, placement) of its table, named as the static MIG device of that placement
+  would be, without ``uuid`` (prepare creates the device; ``dra_gpu.mig.partitions``).
 * versions become semver (``580.159.04`` -> ``580.159.4``, ``9.0`` -> ``9.0.0``).
 * ``addressingMode`` is NVML's mode as NVIDIA names it (``None``, ``HMM``, ``ATS``) and is left
   out only where NVML cannot answer (NOT_SUPPORTED); ``pcieRoot`` is left out when unknown rather
@@ -21,8 +23,16 @@ import re
 from collections.abc import Iterable
 from types import MappingProxyType
 
-from dra_gpu.devices import model
-from dra_gpu.devices.model import AttributeValue, Device, GpuInfo, MigDeviceInfo, Version
+from dra_gpu.devices import migprofiles, model
+from dra_gpu.devices.model import (
+    AttributeValue,
+    Device,
+    GpuInfo,
+    MigDeviceInfo,
+    MigPartition,
+    Version,
+)
+from dra_gpu.mig import partitions
 
 _NOT_NAME_CHARS = re.compile(r"[^a-z0-9]")
 
@@ -74,32 +84,60 @@ def gpu_device(gpu: GpuInfo) -> Device:
 
 
 def mig_device(gpu: GpuInfo, mig: MigDeviceInfo) -> Device:
-    attrs: dict[str, AttributeValue] = {
-        model.ATTR_TYPE: "mig",
-        model.ATTR_UUID: mig.uuid,
+    capacity = {**mig.engines.capacities(), model.CAP_MEMORY: mig.memory_bytes}
+    where = (mig.profile, mig.gi_profile_id, mig.placement_start)
+    return _mig_device(gpu, where, capacity, uuid=mig.uuid, mig=mig)
+
+
+def partition_device(gpu: GpuInfo, partition: MigPartition) -> Device:
+    """A MIG device that prepare creates: the attributes of the static one, but no ``uuid``."""
+    profile = migprofiles.TABLES[gpu.mig_table or ""].by_name(partition.profile)
+    capacity = {**profile.engines.capacities(), model.CAP_MEMORY: profile.memory_bytes}
+    where = (partition.profile, partition.gi_profile_id, partition.start)
+    return _mig_device(gpu, where, capacity, uuid=None, partition=partition)
+
+
+def _mig_device(
+    gpu: GpuInfo,
+    where: tuple[str, int, int],  # profile, GI profile id, placement start
+    capacity: dict[str, int],
+    *,
+    uuid: str | None,
+    mig: MigDeviceInfo | None = None,
+    partition: MigPartition | None = None,
+) -> Device:
+    profile, gi_profile_id, start = where
+    attrs: dict[str, AttributeValue] = {model.ATTR_TYPE: "mig"}
+    if uuid is not None:
+        attrs[model.ATTR_UUID] = uuid
+    attrs |= {
         model.ATTR_PARENT_UUID: gpu.uuid,
-        model.ATTR_PROFILE: mig.profile,
+        model.ATTR_PROFILE: profile,
         **_common_attributes(gpu),
     }
-    capacity = {
-        **mig.engines.capacities(),
-        model.CAP_MEMORY: mig.memory_bytes,
-    }
     name = mig_device_name(
-        parent_minor=gpu.minor,
-        profile=mig.profile,
-        gi_profile_id=mig.gi_profile_id,
-        start=mig.placement_start,
+        parent_minor=gpu.minor, profile=profile, gi_profile_id=gi_profile_id, start=start
     )
     return Device(
         name=name,
         type="mig",
-        uuid=mig.uuid,
+        uuid=uuid,
         attributes=MappingProxyType(attrs),
         capacity=MappingProxyType(capacity),
         gpu=gpu,
         mig=mig,
+        partition=partition,
     )
+
+
+def _gpu_devices(gpu: GpuInfo) -> list[Device]:
+    if not gpu.mig_enabled:
+        return [gpu_device(gpu)]
+    table = migprofiles.TABLES.get(gpu.mig_table or "")
+    if gpu.mig_dynamic and table is not None:
+        return [partition_device(gpu, p) for p in partitions.partitions(table, gpu.minor)]
+    migs = sorted(gpu.mig_devices, key=lambda m: (m.placement_start, m.gi_id, m.ci_id))
+    return [mig_device(gpu, mig) for mig in migs]
 
 
 def build_devices(gpus: Iterable[GpuInfo]) -> list[Device]:
@@ -110,11 +148,7 @@ def build_devices(gpus: Iterable[GpuInfo]) -> list[Device]:
     """
     devices: list[Device] = []
     for gpu in sorted(gpus, key=lambda g: g.minor):
-        if not gpu.mig_enabled:
-            devices.append(gpu_device(gpu))
-            continue
-        for mig in sorted(gpu.mig_devices, key=lambda m: (m.placement_start, m.gi_id, m.ci_id)):
-            devices.append(mig_device(gpu, mig))
+        devices += _gpu_devices(gpu)
     seen: set[str] = set()
     for d in devices:
         if d.name in seen:

@@ -96,6 +96,14 @@ def _text(value: str | bytes) -> str:
     return (value.decode() if isinstance(value, bytes) else value).rstrip("\x00")
 
 
+text = _text  # for dra_gpu.mig.nvml_instances
+
+
+def profile_name(value: str | bytes) -> str:
+    """NVML's GI profile name ("MIG 1g.18gb") as published ("1g.18gb")."""
+    return _text(value).removeprefix("MIG ")
+
+
 def _cuda_version_text(value: int) -> str:
     """``13000`` -> ``"13.0"``, the way NVML tools print it (``GpuInfo`` keeps raw text)."""
     version = Version.from_cuda_int(value)
@@ -159,6 +167,20 @@ class NvmlBackend:
 
     def _is(self, err: GpuReadError, *codes: str) -> bool:
         return any(err.code == getattr(self._nvml, c, object()) for c in codes)
+
+    # What dynamic MIG (dra_gpu.mig.nvml_instances) uses: the same bounded calls and lookups.
+    def call(self, fn_name: str, *args: Any) -> Any:
+        return self._call(fn_name, *args)
+
+    def is_error(self, err: GpuReadError, *codes: str) -> bool:
+        return self._is(err, *codes)
+
+    @property
+    def nvml(self) -> Any:
+        return self._nvml
+
+    def gi_profiles(self, h: Any) -> dict[int, Any]:
+        return self._gi_profiles(h)
 
     def _load_library(self) -> None:
         """Hand pynvml the NVML under the driver root; raises NvmlLibraryError."""
@@ -325,7 +347,7 @@ class NvmlBackend:
             parent_minor=gpu.minor,
             parent_uuid=gpu.uuid,
             uuid=uuid,
-            profile=_text(prof.name).removeprefix("MIG "),
+            profile=profile_name(prof.name),
             gi_profile_id=int(gi_info.profileId),
             ci_profile_id=int(ci_info.profileId),
             gi_id=gi_id,

@@ -10,7 +10,8 @@ UUIDs are derived from (node name, profile name, minor[, GI id]) with SHA-256, s
 the same UUIDs on every run and two nodes never share one.
 
 Built-in profiles: ``h200x8`` (the real H200 of ``shared/fixtures``, eight of them),
-``h100x8`` (H100 SXM 80GB HBM3) and ``a100x4-mig`` (A100-SXM4-40GB, three with MIG layouts of
+``h100x8`` (H100 SXM 80GB HBM3), ``h100x8-mig`` (the same with MIG on and no MIG devices, for
+dynamic MIG) and ``a100x4-mig`` (A100-SXM4-40GB, three with MIG layouts of
 mixed profiles). Custom profiles are files read by ``dra_gpu.devices.simfile`` (format in
 docs/simulated-profiles.md); ``dra_gpu.devices.profiles`` picks one of the two for
 ``--simulate``. This module imports neither pydantic nor yaml.
@@ -132,6 +133,11 @@ BUILTIN_PROFILES: Mapping[str, SimProfile] = {
     "h100x8": SimProfile(
         name="h100x8",
         gpus=tuple(SimGpu("H100-80GB", bus, root) for bus, root in _HGX_PCI),
+    ),
+    # MIG on, no MIG devices: for nodes with --mig-mode=dynamic (claims create them).
+    "h100x8-mig": SimProfile(
+        name="h100x8-mig",
+        gpus=tuple(SimGpu("H100-80GB", bus, root, mig_enabled=True) for bus, root in _HGX_PCI),
     ),
     "a100x4-mig": SimProfile(
         name="a100x4-mig",

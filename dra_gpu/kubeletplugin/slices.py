@@ -14,6 +14,10 @@ is an ``int`` in Python), and a version (:class:`VersionValue`, printed as
 ``major.minor.patch``) is distinct from ``str``. Capacities are Kubernetes quantities in their
 canonical binary form (``150754820096`` -> ``143771Mi``), which is what the API server returns
 anyway, so a published slice compares equal to the one read back.
+
+Partitionable devices: devices that consume counters list them under ``consumesCounters``; the
+counter sets they name are published in slices of their own in the same pool (``pool_layout``:
+how Kubernetes 1.35+ wants it), and a slice holding such devices carries at most 64 of them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from typing import Any, Protocol
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+# Also the limit when any device consumes counters (1.35+).
+MAX_DEVICES_PER_SLICE_WITH_COUNTERS = MAX_DEVICES_PER_SLICE_WITH_TAINTS
+MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_NAME_LENGTH = 253
 
 
@@ -45,8 +52,28 @@ class VersionValue(Protocol):
 AttributeValue = bool | int | str | VersionValue
 
 
+class CounterUse(Protocol):
+    """A partitionable device's share of its counter set (KEP-4815)."""
+
+    @property
+    def counter_set(self) -> str: ...
+
+    @property
+    def consumes(self) -> Mapping[str, int]: ...
+
+    @property
+    def set_counters(self) -> Mapping[str, int]:
+        """What the whole counter set holds (published once per set)."""
+        ...
+
+
 class SliceDevice(Protocol):
     """What a slice publishes of a device."""
+
+    @property
+    def partition(self) -> CounterUse | None:
+        """None for a device that consumes no shared counters."""
+        ...
 
     @property
     def name(self) -> str: ...
@@ -91,9 +118,54 @@ def device_to_api(device: SliceDevice, taints: Sequence[Mapping[str, Any]] = ())
         "attributes": {k: encode_attribute(v) for k, v in device.attributes.items()},
         "capacity": {k: {"value": format_quantity(v)} for k, v in device.capacity.items()},
     }
+    if device.partition is not None:
+        out["consumesCounters"] = [
+            {
+                "counterSet": device.partition.counter_set,
+                "counters": _counters(device.partition.consumes),
+            }
+        ]
     if taints:
         out["taints"] = [dict(t) for t in taints]
     return out
+
+
+def _counters(values: Mapping[str, int]) -> dict[str, Any]:
+    return {name: {"value": format_quantity(n)} for name, n in values.items()}
+
+
+def counter_sets(devices: Sequence[SliceDevice]) -> list[dict[str, Any]]:
+    """The counter sets ``devices`` consume, in the order they are first named."""
+    found: dict[str, Mapping[str, int]] = {}
+    for d in devices:
+        if d.partition is not None:
+            found.setdefault(d.partition.counter_set, d.partition.set_counters)
+    return [{"name": name, "counters": _counters(values)} for name, values in found.items()]
+
+
+def pool_layout(
+    devices: Sequence[SliceDevice],
+    devices_per_slice: int,
+    taints: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> list[dict[str, Any]]:
+    """The spec parts of a pool's slices, in order: counter sets first, then devices.
+
+    Kubernetes 1.35+ (the API this driver serves is 1.37): a slice holds ``sharedCounters`` or
+    ``devices``, never both; at most 8 counter sets per slice; devices may name counter sets of
+    other slices of their pool. A version that keeps counters beside the devices branches here.
+    """
+    sets = counter_sets(devices)
+    parts: list[dict[str, Any]] = [
+        {"sharedCounters": sets[i : i + MAX_COUNTER_SETS_PER_SLICE]}
+        for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    if sets:
+        devices_per_slice = min(devices_per_slice, MAX_DEVICES_PER_SLICE_WITH_COUNTERS)
+    parts += [
+        {"devices": [device_to_api(d, taints.get(d.name, ())) for d in chunk]}
+        for chunk in _chunks(devices, devices_per_slice)
+    ]
+    return parts
 
 
 def slice_name(*, node_name: str, driver_name: str, index: int) -> str:
@@ -138,9 +210,9 @@ def build_resource_slices(
         devices_per_slice = min(devices_per_slice, MAX_DEVICES_PER_SLICE_WITH_TAINTS)
     if pool_generation < 0:
         raise ValueError("pool_generation must be >= 0")
-    chunks = _chunks(devices, devices_per_slice)
+    parts = pool_layout(devices, devices_per_slice, taints)
     slices: list[dict[str, Any]] = []
-    for index, chunk in enumerate(chunks):
+    for index, part in enumerate(parts):
         metadata: dict[str, Any] = {
             "name": slice_name(node_name=node_name, driver_name=driver_name, index=index)
         }
@@ -152,9 +224,9 @@ def build_resource_slices(
             "pool": {
                 "name": node_name,
                 "generation": pool_generation,
-                "resourceSliceCount": len(chunks),
+                "resourceSliceCount": len(parts),
             },
-            "devices": [device_to_api(d, taints.get(d.name, ())) for d in chunk],
+            **part,
         }
         slices.append(
             {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": metadata, "spec": spec}

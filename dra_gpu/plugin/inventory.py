@@ -42,9 +42,26 @@ def backend_for(
     driver_root: Path = Path("/"),
     nvml_timeout_s: float = 10.0,
     nvml_observe: Callable[[str, float, str], None] | None = None,
+    mig_dynamic: bool = False,
 ) -> GpuBackend:
     """The simulated backend for ``--simulate``, else NVML (each call reported to
-    ``nvml_observe``); raises InventoryError."""
+    ``nvml_observe``); with ``mig_dynamic`` MIG GPUs are published as partitions; raises
+    InventoryError."""
+    backend = _backend(simulate, node_name, driver_root, nvml_timeout_s, nvml_observe)
+    if not mig_dynamic:
+        return backend
+    from dra_gpu.mig.partitions import DynamicMigBackend
+
+    return DynamicMigBackend(backend)
+
+
+def _backend(
+    simulate: str | None,
+    node_name: str,
+    driver_root: Path,
+    nvml_timeout_s: float,
+    nvml_observe: Callable[[str, float, str], None] | None,
+) -> GpuBackend:
     if simulate is None:
         from dra_gpu.devices import nvml  # pynvml only on real nodes
 
@@ -172,7 +189,7 @@ class Watcher:
         return True
 
 
-def file_poll(path: Path, node_name: str) -> Poll:
+def file_poll(path: Path, node_name: str, *, mig_dynamic: bool = False) -> Poll:
     """Re-discovers from a simulated profile file when the file changed."""
     seen = _signature(path)
 
@@ -182,7 +199,9 @@ def file_poll(path: Path, node_name: str) -> Poll:
         if signature is None or signature == seen:
             return None
         seen = signature
-        return discover(backend_for(simulate=str(path), node_name=node_name))
+        return discover(
+            backend_for(simulate=str(path), node_name=node_name, mig_dynamic=mig_dynamic)
+        )
 
     return poll
 
@@ -213,12 +232,13 @@ def watcher_for(
     errors: Sequence[str],
     listener: Listener,
     rediscover_interval_s: float | None,
+    mig_dynamic: bool = False,
 ) -> Watcher | None:
     """What keeps the inventory fresh: a profile file's watcher, NVML's, or none (built-in)."""
     path = profile_file(simulate)
     if path is not None:
         return Watcher(
-            poll=file_poll(path, node_name),
+            poll=file_poll(path, node_name, mig_dynamic=mig_dynamic),
             listener=listener,
             current=current,
             interval_s=1.0,

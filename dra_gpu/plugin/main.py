@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from dra_gpu.devices.model import Device
     from dra_gpu.kube.client import KubeClient
     from dra_gpu.kubeletplugin.driver import Driver
+    from dra_gpu.mig.dynamic import DynamicMig
     from dra_gpu.prepare.state import DeviceState
 
 log = logging.getLogger("dra_gpu.plugin")
@@ -76,6 +77,21 @@ def device_state(
             if settings.rolling_update
             else contextlib.nullcontext
         ),
+        mig=dynamic_mig(settings),
+    )
+
+
+def dynamic_mig(settings: plugin_settings.Settings) -> DynamicMig | None:
+    """What creates and destroys MIG devices on a node set to ``--mig-mode=dynamic``."""
+    if settings.mig_mode != "dynamic":
+        return None
+    from dra_gpu.mig import dynamic
+
+    return dynamic.for_node(
+        state_dir=settings.state_dir,
+        node_name=settings.node_name,
+        simulated=settings.simulate is not None,
+        driver_root=settings.driver_root,
     )
 
 
@@ -147,6 +163,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
             node_name=settings.node_name,
             driver_root=settings.driver_root,
             nvml_observe=measured.nvml_call if measured is not None else None,
+            mig_dynamic=settings.mig_mode == "dynamic",
         )
         devices, discovery_errors = inventory.discover_with_errors(backend)
         inventory.log_errors(discovery_errors)
@@ -230,6 +247,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
             errors=discovery_errors,
             listener=devices_now.set,
             rediscover_interval_s=settings.rediscover_interval_s,
+            mig_dynamic=settings.mig_mode == "dynamic",
         )
         if watcher is not None:
             watcher.start(plugin.stop_event)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from dra_gpu.devices.model import Device
 from dra_gpu.kube.client import KubeClient
@@ -16,6 +17,9 @@ from dra_gpu.prepare import claims, node_facts
 from dra_gpu.prepare.state import CallLock, DeviceState, StateSettings
 from dra_gpu.sharing.applied import Sharing, Switches, recording_path
 from dra_gpu.sharing.runner import ProcessRunner, RecordingRunner, Runner
+
+if TYPE_CHECKING:
+    from dra_gpu.mig.dynamic import DynamicMig
 
 
 def make_state(
@@ -31,6 +35,7 @@ def make_state(
     client: KubeClient,
     call_lock: CallLock,
     sharing: Switches,
+    mig: DynamicMig | None = None,
 ) -> DeviceState:
     """The prepare handler as the plugin process runs it: claims read from the API server,
     node warnings posted as Events.
@@ -58,4 +63,5 @@ def make_state(
         report=claims.NodeEventReporter(client, node_name=node_name),
         call_lock=call_lock,
         sharing=Sharing(runner=runner, state_dir=state_dir, switches=sharing),
+        mig=mig,
     )

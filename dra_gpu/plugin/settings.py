@@ -56,7 +56,9 @@ ENV_VARS: Mapping[str, str] = {
     "metrics_address": "METRICS_ADDRESS",
     "time_slicing_settings": "TIME_SLICING_SETTINGS",
     "mps_support": "MPS_SUPPORT",
+    "mig_mode": "MIG_MODE",
 }
+MIG_MODES = ("static", "dynamic")
 
 
 class SettingsError(UserError, ValueError):
@@ -97,6 +99,8 @@ class Settings:
     # Sharing applied to the GPUs (dra_gpu.sharing, docs/sharing.md); off: env only.
     time_slicing_settings: bool = False
     mps_support: bool = False
+    # "dynamic": MIG devices are created by prepare (docs/dynamic-mig.md); "static": as found.
+    mig_mode: str = "static"
 
     @property
     def rolling_update(self) -> bool:
@@ -131,6 +135,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plugin-data-dir",
         "plugin_data_dir",
         f"directory of the DRA socket (default {DEFAULT_PLUGINS_DIR}/<driver>)",
+    )
+    add(
+        "--mig-mode",
+        "mig_mode",
+        "static: publish the MIG devices that exist; dynamic: publish every MIG placement of "
+        "GPUs with MIG on and create the MIG device when a claim is prepared (default static)",
     )
     add("--cdi-root", "cdi_root", f"directory for CDI specs (default {DEFAULT_CDI_ROOT})")
     add("--state-dir", "state_dir", "directory for the checkpoint (default: plugin data dir)")
@@ -281,6 +291,9 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError(f"log level must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
     driver_root = _absolute(pick("driver_root"), Path("/"), "driver root")
+    mig_mode = pick("mig_mode") or "static"
+    if mig_mode not in MIG_MODES:
+        raise SettingsError(f"MIG mode must be static or dynamic, got {mig_mode!r}")
     settings = Settings(
         node_name=node_name,
         driver_name=driver,
@@ -303,6 +316,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         metrics_address=_metrics_address(pick("metrics_address")),
         time_slicing_settings=_switch(pick("time_slicing_settings"), "--time-slicing-settings"),
         mps_support=_switch(pick("mps_support"), "--mps-support"),
+        mig_mode=mig_mode,
     )
     for path in dataclasses.astuple(socket_paths(settings)):
         if len(str(path).encode()) > sockets.MAX_PATH:

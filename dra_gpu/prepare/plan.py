@@ -170,17 +170,17 @@ def resolve_config(
 
 
 def _claim_device(ref: ClaimRef, device: Device, config: DeviceConfig) -> ClaimDevice:
-    if device.uuid is None:
+    if device.uuid is None and device.partition is None:
         raise PlanError(f"claim {ref}: MIG device {device.name} does not exist on the GPU yet")
     mig = device.mig
     return ClaimDevice(
         name=DeviceName(device.name),
         type=device.type,
-        uuid=device.uuid,
+        uuid=device.uuid or "",  # dynamic MIG: prepare creates the device and fills it in
         minor=device.gpu.minor,
         product_name=device.gpu.product_name,
         config=config,
-        mig_profile=mig.profile if mig else None,
+        mig_profile=mig.profile if mig else device.partition.profile if device.partition else None,
         gi_id=mig.gi_id if mig else None,
         ci_id=mig.ci_id if mig else None,
     )

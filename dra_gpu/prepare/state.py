@@ -54,9 +54,9 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeGuard
 
 from dra_gpu.config import ConfigError
 from dra_gpu.devices.model import Device
@@ -66,6 +66,7 @@ from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice
 # The kit's result type; named here too because prepare's callers have always found it here.
 from dra_gpu.kubeletplugin.driver import PrepareResult as PrepareResult
 from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.mig.instances import InstanceError
 from dra_gpu.prepare import cdi, records
 from dra_gpu.prepare.checkpoint import (
     PREPARE_COMPLETED,
@@ -81,6 +82,9 @@ from dra_gpu.prepare.node_facts import NodeFacts
 from dra_gpu.prepare.plan import ClaimPlan, PlanError, plan_claim
 from dra_gpu.sharing.applied import Sharing, SharingError
 
+if TYPE_CHECKING:
+    from dra_gpu.mig.dynamic import DynamicMig
+
 log = logging.getLogger(__name__)
 
 FAULT_STEPS: Final = (
@@ -91,6 +95,9 @@ FAULT_STEPS: Final = (
     "unprepare-after-cdi-removed",
     "unprepare-after-checkpoint-removed",
 )
+
+# Reached only by prepares that create a dynamic MIG device (a node with --mig-mode=dynamic).
+MIG_FAULT_STEPS: Final = ("after-mig-created",)
 
 
 class ClaimFetcher(Protocol):
@@ -146,6 +153,7 @@ class StartReport:
     temp_files_removed: int = 0
     problems: tuple[str, ...] = ()
     corrupt: str | None = None
+    mig_destroyed: tuple[str, ...] = ()  # dynamic MIG instances no completed claim owned
 
 
 @dataclass
@@ -188,10 +196,12 @@ class DeviceState:
         store: CheckpointStore | None = None,
         call_lock: CallLock = contextlib.nullcontext,
         sharing: Sharing | None = None,
+        mig: DynamicMig | None = None,
     ) -> None:
         self.settings = settings
         # Time-slicing and MPS applied to the GPUs (dra_gpu.sharing); off unless switched on.
         self._sharing = sharing or Sharing.off(settings.state_dir)
+        self._mig = mig  # dynamic MIG: instances created by prepare (docs/dynamic-mig.md)
         self._call_lock = call_lock
         self._inventory = inventory
         self._claims = claims
@@ -244,7 +254,7 @@ class DeviceState:
         try:
             with self._locks.hold(ref.uid):
                 return PrepareResult(devices=self._prepare_locked(ref, fetched))
-        except UserError as exc:  # PlanError, cdi.CDIError, ConfigError, SharingError
+        except (UserError, InstanceError) as exc:  # PlanError, CDIError, ConfigError, SharingError
             # Someone must act (fix the claim, the node): the pod waits until then. A warning,
             # without a traceback: the message says all there is to say.
             log.warning("prepare %s (%s) failed: %s", ref, ref.uid, exc)
@@ -267,12 +277,13 @@ class DeviceState:
         claim = fetched.claim if fetched.read else self._get(ref)
         if claim is None:
             raise PlanError(f"claim {ref} not found in the API server")
+        inventory = self._inventory()
         plan = plan_claim(
             ref,
             claim,
             driver=self.settings.driver_name,
             pool=self.settings.node_name,
-            inventory=self._inventory(),
+            inventory=inventory,
         )
         devices = [d.cdi for d in plan.devices]
         spec = self._spec(ref.uid, str(ref), devices)
@@ -280,6 +291,9 @@ class DeviceState:
             # Prepared before the checkpoint lost the record: the claim stays prepared whatever
             # happens here, so no roll-back. Full facts first, then the spec is replaced
             # atomically (on failure the old one, naming the same devices, stays).
+            made = self._with_mig_devices(plan, inventory)  # those it has (in the ledger)
+            if made is not None:
+                plan, spec = made
             completed = records.claim_record(plan, state=PREPARE_COMPLETED)
             self.store.update(self._recorded(plan, completed), durable=True)
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
@@ -289,6 +303,11 @@ class DeviceState:
         self.store.update(self._recorded(plan, started), durable=False)
         self._fault("after-checkpoint-started")
         try:
+            made = self._with_mig_devices(plan, inventory)
+            if made is not None:
+                plan, spec = made
+                devices = [d.cdi for d in plan.devices]
+                self._fault("after-mig-created")
             self._sharing.apply(ref.uid, devices)
             self._fault("after-sharing-applied")
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
@@ -301,6 +320,18 @@ class DeviceState:
         self._fault("after-checkpoint-completed")
         log.info("prepared %s (%s): %s", ref, ref.uid, ", ".join(d.cdi.name for d in plan.devices))
         return records.prepared_devices(completed)
+
+    def _with_mig_devices(
+        self, plan: ClaimPlan, inventory: Mapping[str, Device]
+    ) -> tuple[ClaimPlan, dict[str, Any]] | None:
+        """Dynamic MIG: the plan with its MIG devices created (or found) and its CDI spec; None
+        when it has none to create."""
+        if self._mig is None or not _partitions(plan, inventory):
+            return None
+        plan = _with_instances(plan, inventory, self._mig)
+        devices = [d.cdi for d in plan.devices]
+        ref = plan.ref
+        return plan, self._spec(ref.uid, str(ref), devices)
 
     def _recorded(self, plan: ClaimPlan, record: ClaimRecord) -> Callable[[Checkpoint], Checkpoint]:
         """Records ``record`` for the planned claim unless another claim holds its devices."""
@@ -328,6 +359,8 @@ class DeviceState:
                 self._sharing.undo(uid, devices, lambda: self._other_claims(uid))
             except SharingError as exc:  # the record goes anyway: the next start repairs
                 log.error("rolling back claim %s: %s", uid, exc)
+            if self._mig is not None:
+                self._mig.release(uid)
             self.store.update(lambda cp: cp.without_claim(uid), durable=False)
         except Exception:
             log.exception("rolling back claim %s failed; the next start cleans it up", uid)
@@ -337,6 +370,8 @@ class DeviceState:
             with self._locks.hold(ref.uid):
                 known = ref.uid in self.store.load().claims
                 cdi.remove_spec(self.settings.cdi_root, ref.uid)
+                if self._mig is not None:
+                    self._mig.release(ref.uid)  # before the record: a crash destroys again
                 if not known:
                     return ""  # never prepared here, or already unprepared
                 self._fault("unprepare-after-cdi-removed")
@@ -345,7 +380,8 @@ class DeviceState:
                 self._fault("unprepare-after-checkpoint-removed")
                 log.info("unprepared %s (%s)", ref, ref.uid)
                 return ""
-        except SharingError as exc:
+        except (SharingError, InstanceError) as exc:
+            # The claim stays recorded, so the kubelet's retry undoes (destroys) it again.
             log.warning("unprepare %s (%s) failed: %s", ref, ref.uid, exc)
             return f"unprepare {ref}: {exc}"
         except Exception as exc:
@@ -460,8 +496,9 @@ class DeviceState:
                     cp = cp.with_claim(u, record)
             return cp.with_boot_id(boot)
 
+        settled = settle(checkpoint)
         try:
-            checkpoint = self.store.update(settle, durable=True)
+            settled = self.store.update(settle, durable=True)
         except OSError as exc:
             # A full state disk must not keep the plugin from serving (it would crash-loop):
             # claims already prepared are answered from the checkpoint as it is; calls that
@@ -472,8 +509,10 @@ class DeviceState:
             )
             problems.append(problem)
             self._report("CheckpointWriteFailed", problem)
-        problems += self._repair_sharing(checkpoint)
+        problems += self._repair_sharing(settled)
+        destroyed = self._destroy_unowned(settled, problems)
         report = StartReport(
+            mig_destroyed=tuple(destroyed),
             rewritten=tuple(rewritten),
             rolled_back=tuple(started),
             adopted=tuple(ClaimUID(u) for u in adopted),
@@ -483,6 +522,22 @@ class DeviceState:
         )
         log.info("restored state: %s", report)
         return report
+
+    def _destroy_unowned(self, checkpoint: Checkpoint, problems: list[str]) -> list[str]:
+        """Dynamic MIG: destroy the driver's instances no completed claim owns (reported)."""
+        if self._mig is None:
+            return []
+        completed = [u for u, r in checkpoint.claims.items() if r.state == PREPARE_COMPLETED]
+        try:
+            destroyed = self._mig.reconcile(completed)
+        except InstanceError as exc:
+            problem = f"cannot destroy MIG devices no claim owns: {exc}; tried again next start"
+            self._report("MigDeviceCleanupFailed", problem)
+            problems.append(problem)
+            return []
+        for message in destroyed:
+            self._report("MigDeviceDestroyed", message)
+        return destroyed
 
     def _adopt_specs(self, checkpoint: Checkpoint) -> Checkpoint:
         """``checkpoint`` plus a record rebuilt from each spec of ours it has none for.
@@ -534,3 +589,23 @@ class DeviceState:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _partitions(plan: ClaimPlan, inventory: Mapping[str, Device]) -> bool:
+    return any(
+        (found := inventory.get(d.cdi.name)) is not None and found.partition is not None
+        for d in plan.devices
+    )
+
+
+def _with_instances(plan: ClaimPlan, inventory: Mapping[str, Device], mig: DynamicMig) -> ClaimPlan:
+    """``plan`` with each dynamic MIG device created and its CDI facts filled in."""
+    devices = []
+    for planned in plan.devices:
+        device = inventory[planned.cdi.name]
+        if device.partition is not None:
+            made = mig.ensure(plan.ref.uid, device)
+            cdi_device = replace(planned.cdi, uuid=made.uuid, gi_id=made.gi_id, ci_id=made.ci_id)
+            planned = replace(planned, cdi=cdi_device)
+        devices.append(planned)
+    return replace(plan, devices=tuple(devices))

@@ -7,7 +7,9 @@ session) that owns everything and tears it down on SIGTERM (``python -m e2e.demo
 2. two GPU nodes, ``demo-h200`` (profile ``h200x8``: 8 full H200) and ``demo-a100`` (profile
    ``a100x4-mig``: A100s with MIG devices). Each is a *real* node (kubelet + containerd + runc
    from ``e2e.node``, so pods really run) when that works on this machine, else a *simulated*
-   node: a Node object without a kubelet, whose Lease the supervisor keeps renewing;
+   node: a Node object without a kubelet, whose Lease the supervisor keeps renewing. A third
+   node, ``demo-h100-dyn`` (profile ``h100x8-mig``, ``--mig-mode=dynamic``: MIG devices are
+   created for claims), is always simulated;
 3. one kubelet plugin per node (simulated GPUs) and the controller, as processes: the controller
    keeps the DeviceClasses applied and serves the admission webhook, which the chart's own
    ValidatingWebhookConfiguration (rendered with helm, by URL instead of Service) registers;
@@ -52,6 +54,10 @@ if TYPE_CHECKING:
     from e2e.node.kubelet_node import Node
 
 NODE_PROFILES = {"demo-h200": "h200x8", "demo-a100": "a100x4-mig"}
+# A third node, always simulated, whose H100s (MIG on, no MIG devices) use dynamic MIG: claims
+# get MIG devices created for them (docs/dynamic-mig.md).
+DYNAMIC_MIG_NODE = ("demo-h100-dyn", "h100x8-mig")
+DYNAMIC_MIG_FLAGS = ("--mig-mode", "dynamic")
 # Simulated nodes carry the label GPU Feature Discovery puts on real GPU nodes.
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 REAL_NODE_LABEL = ("dra-gpu.test/real-node", "true")
@@ -169,6 +175,7 @@ class Environment:
                 note_log = "" if real else str(supervisor_log())
             if not real:
                 self._simulated_node(name, profile, note, note_log)
+        self._simulated_node(*DYNAMIC_MIG_NODE, "", "", extra=DYNAMIC_MIG_FLAGS)
         self._wait_published()
         self._register_webhook()
 
@@ -191,7 +198,9 @@ class Environment:
         self._add_plugin(name, profile, plugin, real=True)
         return True, ""
 
-    def _simulated_node(self, name: str, profile: str, note: str, note_log: str) -> None:
+    def _simulated_node(
+        self, name: str, profile: str, note: str, note_log: str, extra: tuple[str, ...] = ()
+    ) -> None:
         _say(f"[demo] registering simulated node {name} (profile {profile}, no kubelet)")
         self.cluster.register_node(name, labels=dict(GPU_NODE_LABELS))
         plugin = PluginProcess.simulated(
@@ -200,6 +209,7 @@ class Environment:
             kubeconfig=self.cluster.kubeconfig,
             profile=profile,
             healthz_port=_free_port(),
+            extra=extra,
         )
         self._add_plugin(name, profile, plugin, real=False, note=note, note_log=note_log)
 

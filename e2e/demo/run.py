@@ -32,6 +32,7 @@ from typing import Any
 from kubernetes.client import ApiException
 
 from e2e import supervisor
+from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
 from e2e.demo import view as demo_view
 from e2e.demo.env import DemoState, NodeInfo
@@ -299,6 +300,9 @@ def cmd_run(_: argparse.Namespace) -> int:
     rows: list[demo_view.Row] = []
     for entry in apply_scenarios(kube, state):
         rows += [entry] if isinstance(entry, demo_view.Row) else observe(kube, state, *entry)
+    _err("[demo] applying the dynamic MIG example (a MIG device created for its claim)")
+    dynamic = observe(kube, state, *demo_dynamic_mig.apply(kube))
+    rows += demo_dynamic_mig.with_created(dynamic, state)
     print()
     print(result_text(state, rows))
     return 0

@@ -3,7 +3,8 @@
 The demo runs the controller with its admission webhook, registered for the whole cluster like
 the chart's ValidatingWebhookConfiguration, so its bad-input example (``invalid-config``) is
 refused when it is applied, and its row says so and why, instead of the pod failing at prepare.
-With simulated nodes, no container runs: the table's heading says so and why.
+With simulated nodes, no container runs: the table's heading says so and why. The dynamic-MIG
+node's example gets a MIG device created for its claim, and its row shows that device.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
 from e2e.demo import run as demo
 from e2e.demo import view as demo_view
@@ -49,6 +51,12 @@ def test_bad_input_is_refused_at_admission_and_the_heading_says_no_container_ran
     assert not kube.pod_exists("demo-invalid-config", "invalid-config")
     created = [e for e in entries if not isinstance(e, demo_view.Row)]
     assert ("demo-one-gpu", "one-gpu") in created
+
+    observed = demo.observe(kube, state, *demo_dynamic_mig.apply(kube))
+    (row,) = demo_dynamic_mig.with_created(observed, state)
+    assert (row.node, row.source) == (demo_env.DYNAMIC_MIG_NODE[0], "cdi")
+    assert row.devices == "gpu-0-mig-3g40gb-9-4", row  # 3g and larger are placed top-down
+    assert "MIG 3g.40gb" in row.saw and "created MIG-" in row.saw, row
 
     ending = demo.result_text(state, refused)
     assert ending.startswith("NO CONTAINER RAN: real nodes off (DRA_GPU_DEMO_REAL_NODES=no).")

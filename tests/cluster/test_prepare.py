@@ -18,7 +18,6 @@ Cases:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import shutil
@@ -35,7 +34,6 @@ from typing import Any
 import grpc
 import pytest
 
-from dra_gpu.controller import classes
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from dra_gpu.prepare import cdi
 from dra_gpu.prepare.cdi_validate import validate_spec
@@ -43,6 +41,7 @@ from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
 from dra_gpu.prepare.state import FAULT_STEPS
 from e2e import cdi_validator, procs, waiting
 from e2e.cluster import Cluster
+from e2e.cluster.device_classes import builtin_device_classes
 from e2e.driver import PluginDirs, plugin_argv
 from e2e.kube_json import as_body
 
@@ -174,27 +173,6 @@ class Claim:
         return dra_v1beta1_pb2.Claim(uid=self.uid, namespace=self.namespace, name=self.name)
 
 
-@contextlib.contextmanager
-def device_classes(cluster: Cluster) -> Iterator[None]:
-    """The built-in DeviceClasses; those this module had to create are removed afterwards."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    api = client.ResourceV1Api(cluster.api_client())
-    created = []
-    for desired in classes.builtin_classes(extended_resource_name=None):
-        try:
-            api.create_device_class(as_body(desired.body()), _request_timeout=30)
-            created.append(desired.name)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    yield
-    for name in created:
-        with contextlib.suppress(ApiException):
-            api.delete_device_class(name, _request_timeout=30)
-
-
 @pytest.fixture(scope="module")
 def node(cluster: Cluster) -> Iterator[Node]:
     name = f"prep-{uuid.uuid4().hex[:6]}"
@@ -202,7 +180,7 @@ def node(cluster: Cluster) -> Iterator[Node]:
     root = Path(tempfile.mkdtemp(prefix="pp-"))  # short: unix socket paths <= 107 bytes
     n = Node(cluster, name, root)
     n.start()
-    with device_classes(cluster):
+    with builtin_device_classes(cluster):
         yield n
     n.stop()
     shutil.rmtree(root, ignore_errors=True)

@@ -24,6 +24,7 @@ class FakeMig:
     profile: migprofiles.MigProfile
     start: int
     ci_slices: int | None = None  # compute slices of the CI; None = whole GI
+    has_ci: bool = True  # False between GPU-instance and compute-instance creation
 
 
 @dataclass
@@ -48,6 +49,7 @@ class FakeNvml:
     """Duck-types the parts of pynvml that NvmlBackend uses."""
 
     NVMLError = pynvml.NVMLError
+    c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
 
     def __init__(self, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
@@ -172,9 +174,10 @@ class FakeNvml:
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, h: FakeGpu, j: int) -> SimpleNamespace:
         self._enter("nvmlDeviceGetMigDeviceHandleByIndex", h.index)
-        if j >= len(h.migs):
+        devices = [m for m in h.migs if m.has_ci]  # a GI without a CI is no MIG device
+        if j >= len(devices):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return SimpleNamespace(parent=h, mig=h.migs[j], uuid=h.migs[j].uuid)
+        return SimpleNamespace(parent=h, mig=devices[j], uuid=devices[j].uuid)
 
     def nvmlDeviceGetGpuInstanceId(self, mh: SimpleNamespace) -> int:
         self._enter("nvmlDeviceGetGpuInstanceId", self._idx(mh))
@@ -186,7 +189,9 @@ class FakeNvml:
 
     def nvmlDeviceGetGpuInstanceById(self, h: FakeGpu, gi_id: int) -> SimpleNamespace:
         self._enter("nvmlDeviceGetGpuInstanceById", h.index)
-        mig = next(m for m in h.migs if m.gi_id == gi_id)
+        mig = next((m for m in h.migs if m.gi_id == gi_id), None)
+        if mig is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return SimpleNamespace(parent=h, mig=mig)
 
     def nvmlGpuInstanceGetInfo(self, gi: SimpleNamespace) -> SimpleNamespace:
@@ -197,6 +202,8 @@ class FakeNvml:
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gi: SimpleNamespace, ci: int) -> Any:
         self._enter("nvmlGpuInstanceGetComputeInstanceById", self._idx(gi))
+        if not gi.mig.has_ci:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return gi
 
     def nvmlComputeInstanceGetInfo(self, ci: SimpleNamespace) -> SimpleNamespace:
@@ -208,6 +215,47 @@ class FakeNvml:
         m = mh.mig
         g = m.profile.compute_slices
         return SimpleNamespace(gpuInstanceSliceCount=g, computeInstanceSliceCount=m.ci_slices or g)
+
+    # MIG creation and destruction, with the real placement rules of the GPU's table
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, h: FakeGpu, profile_id: int, placement: Any
+    ) -> SimpleNamespace:
+        self._enter("nvmlDeviceCreateGpuInstanceWithPlacement", h.index)
+        if h.mig_mode is None or h.mig_mode[0] != 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        prof = h.mig_table.by_gi_profile_id(profile_id)
+        layout = [(m.profile.name, m.start) for m in h.migs] + [(prof.name, placement.start)]
+        if placement.size != prof.memory_slices or migprofiles.layout_errors(h.mig_table, layout):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        gi_id = 1 + max((m.gi_id for m in h.migs), default=0)
+        mig = FakeMig(f"MIG-fake-{h.index}-{gi_id}", gi_id, prof, placement.start, has_ci=False)
+        h.migs.append(mig)
+        return SimpleNamespace(parent=h, mig=mig)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gi: SimpleNamespace, profile: int, engines: int
+    ) -> SimpleNamespace:
+        self._enter("nvmlGpuInstanceGetComputeInstanceProfileInfo", self._idx(gi))
+        if profile != gi.mig.profile.ci_profile_id:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(id=profile)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: SimpleNamespace, profile_id: int) -> Any:
+        self._enter("nvmlGpuInstanceCreateComputeInstance", self._idx(gi))
+        if gi.mig.has_ci:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        gi.mig.has_ci = True
+        return gi
+
+    def nvmlComputeInstanceDestroy(self, ci: SimpleNamespace) -> None:
+        self._enter("nvmlComputeInstanceDestroy", self._idx(ci))
+        ci.mig.has_ci = False
+
+    def nvmlGpuInstanceDestroy(self, gi: SimpleNamespace) -> None:
+        self._enter("nvmlGpuInstanceDestroy", self._idx(gi))
+        if gi.mig.has_ci:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE)
+        gi.parent.migs.remove(gi.mig)
 
     # events
     def nvmlDeviceGetSupportedEventTypes(self, h: FakeGpu) -> int:

@@ -241,7 +241,7 @@ def test_bad_profile_file_names_the_problem(tmp_path: Path, content: str, messag
 
 
 def test_unknown_profile_lists_builtins() -> None:
-    with pytest.raises(ProfileError, match=r"built-in: a100x4-mig, h100x8, h200x8"):
+    with pytest.raises(ProfileError, match=r"built-in: a100x4-mig, h100x8, h100x8-mig, h200x8"):
         profiles.resolve_profile("h300x8")
 
 

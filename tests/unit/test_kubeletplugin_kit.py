@@ -146,6 +146,7 @@ class Widget:
     name: str
     attributes: Mapping[str, slices.AttributeValue]
     capacity: Mapping[str, int]
+    partition: None = None  # consumes no shared counters
 
 
 def widgets(*names: str) -> list[Widget]:

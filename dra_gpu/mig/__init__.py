@@ -1,0 +1,1 @@
+"""Dynamic MIG: partitions published as counters, instances created by prepare."""
