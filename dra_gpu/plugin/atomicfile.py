@@ -52,11 +52,23 @@ def remove_temp_files(directory: Path, name: str) -> int:
     return count
 
 
+def open_creating_dir(path: Path, flags: int, mode: int) -> int:
+    """``os.open(path, flags | O_CREAT, mode)``, creating the missing parent directories.
+
+    They are created only when the open finds them missing: asking first costs a failing
+    ``mkdir``, an exception and a ``stat`` per file written, on the prepare path.
+    """
+    try:
+        return os.open(path, flags | os.O_CREAT, mode)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, flags | os.O_CREAT, mode)
+
+
 def write_atomic(path: Path, data: bytes, *, durable: bool, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data``; see the module docstring for ``durable``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    fd = open_creating_dir(tmp, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         view = memoryview(data)
         while view:
@@ -84,8 +96,9 @@ def remove(path: Path) -> bool:
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[int]:
-    """Hold the exclusive lock on ``path`` (created if missing) for the block; yields its fd."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    """Hold the exclusive lock on ``path`` (created, with its directory, if missing) for the
+    block; yields its fd."""
+    fd = open_creating_dir(path, os.O_RDWR | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd

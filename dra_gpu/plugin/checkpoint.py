@@ -242,7 +242,6 @@ class CheckpointStore:
 
     @contextlib.contextmanager
     def _file_lock(self) -> Iterator[int]:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
         with atomicfile.locked(self.state_dir / LOCK_NAME) as fd:
             yield fd
 
