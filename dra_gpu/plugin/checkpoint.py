@@ -328,6 +328,14 @@ class CheckpointStore:
         with self._file_lock():
             return atomicfile.remove_temp_files(self.state_dir, FILE_NAME)
 
+    def peek(self) -> Checkpoint:
+        """The checkpoint as this process last read or wrote it, without the file lock or I/O
+        (:meth:`load` when it has read nothing yet). It may be stale (another instance may
+        have written since): only for guesses that are checked again under the lock, so that
+        they do not wait for a commit's fsync."""
+        cache = self._cache
+        return cache.checkpoint if cache is not None else self.load()
+
     def load(self) -> Checkpoint:
         """The current checkpoint; raises CheckpointCorrupt (after moving the file aside)."""
         with self._file_lock() as fd:

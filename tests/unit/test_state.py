@@ -23,7 +23,8 @@ Cases:
   again once there is space;
 - with a call lock (rolling update), prepare reads its claim while another holder has the lock
   and writes nothing until it gets it; unprepare waits for it too; a claim completed when it was
-  read but unprepared by the other holder since is read again under the lock.
+  read but unprepared by the other holder since is read again under the lock;
+- a prepare reads its claim while a checkpoint commit holds the checkpoint lock.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from fake_claims import (
     result,
 )
 
-from dra_gpu.plugin import call_lock, cdi, faults
+from dra_gpu.plugin import atomicfile, call_lock, cdi, faults
 from dra_gpu.plugin.cdi_validate import validate_spec
 from dra_gpu.plugin.checkpoint import PREPARE_COMPLETED, CheckpointStore
 from dra_gpu.plugin.ids import ClaimUID
@@ -578,3 +579,22 @@ def test_start_on_a_full_state_disk_serves(env: Env, small_state_disk: Path) -> 
     assert state.prepare([ref("u2")])[ClaimUID("u2")].error == "", "the retry of u2 succeeds"
     assert env.state().start().problems == ()
     assert env.checkpoint_claims() == {u: PREPARE_COMPLETED for u in ("u1", "u2", "u3")}
+
+
+def test_claim_is_read_while_a_checkpoint_commit_is_in_progress(env: Env) -> None:
+    """A burst of prepares reads its claims while another call's checkpoint write (and fsyncs)
+    holds the checkpoint lock; only the write of its own record waits for it."""
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    state = env.state()
+    state.start()
+    done: list[str] = []
+    with atomicfile.locked(env.state_dir / "checkpoint.lock"):  # a commit in progress
+        worker = threading.Thread(
+            target=lambda: done.append(state.prepare([ref("u1")])[ClaimUID("u1")].error)
+        )
+        worker.start()
+        waiting.wait_for("the claim GET", lambda: env.fetcher.calls == 1, timeout=10)
+        worker.join(0.3)
+        assert done == [] and env.specs() == set(), "nothing is written without the lock"
+    worker.join(10)
+    assert done == [""] and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
