@@ -145,9 +145,12 @@ def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
 
 def encode(checkpoint: Checkpoint) -> bytes:
     """The file content; always written with this plugin's versions."""
-    current = checkpoint.model_copy(
-        update={"version": SCHEMA_VERSION, "compatible_version": COMPATIBLE_VERSION}
-    )
+    current = checkpoint
+    if (checkpoint.version, checkpoint.compatible_version) != (SCHEMA_VERSION, COMPATIBLE_VERSION):
+        # Only a file of another release needs the copy; every write encodes the checkpoint.
+        current = checkpoint.model_copy(
+            update={"version": SCHEMA_VERSION, "compatible_version": COMPATIBLE_VERSION}
+        )
     return (current.model_dump_json(indent=1) + "\n").encode()
 
 

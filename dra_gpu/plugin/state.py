@@ -296,7 +296,8 @@ class DeviceState:
         try:
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
             self._fault("after-cdi-written")
-            completed = records.claim_record(plan, state=PREPARE_COMPLETED)
+            # The started record, completed: its devices were validated when it was built.
+            completed = started.model_copy(update={"state": PREPARE_COMPLETED})
             self.store.update(lambda cp: cp.with_claim(ref.uid, completed), durable=True)
         except Exception:
             self._roll_back(ref.uid)
