@@ -412,12 +412,13 @@ def test_parallel_claims_all_prepare(env: Env) -> None:
     state.close()
 
 
-def test_call_lock_is_taken_after_the_claim_is_read(env: Env) -> None:
-    env.fetcher.add(claim("u1", [result("gpu-0")]))
-    lock = env.root / "calls.lock"
-    state = env.state(call_lock=lambda: call_lock.held(lock))
+def prepare_reads_then_waits(
+    env: Env, state: DeviceState, held: contextlib.AbstractContextManager[object]
+) -> None:
+    """Prepares claim u1 while ``held`` is held: the claim is read, nothing is written until
+    ``held`` is released, then the prepare succeeds."""
     done: list[str] = []
-    with call_lock.held(lock):  # the other instance of a rolling update, mid-call
+    with held:
         worker = threading.Thread(
             target=lambda: done.append(state.prepare([ref("u1")])[ClaimUID("u1")].error)
         )
@@ -427,6 +428,14 @@ def test_call_lock_is_taken_after_the_claim_is_read(env: Env) -> None:
         assert done == [] and env.specs() == set(), "nothing is written without the lock"
     worker.join(10)
     assert done == [""] and env.specs() == {"u1"}
+
+
+def test_call_lock_is_taken_after_the_claim_is_read(env: Env) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    lock = env.root / "calls.lock"
+    state = env.state(call_lock=lambda: call_lock.held(lock))
+    # The other instance of a rolling update, mid-call.
+    prepare_reads_then_waits(env, state, call_lock.held(lock))
     with call_lock.held(lock):
         worker = threading.Thread(target=lambda: state.unprepare([ref("u1")]))
         worker.start()
@@ -587,14 +596,6 @@ def test_claim_is_read_while_a_checkpoint_commit_is_in_progress(env: Env) -> Non
     env.fetcher.add(claim("u1", [result("gpu-0")]))
     state = env.state()
     state.start()
-    done: list[str] = []
-    with atomicfile.locked(env.state_dir / "checkpoint.lock"):  # a commit in progress
-        worker = threading.Thread(
-            target=lambda: done.append(state.prepare([ref("u1")])[ClaimUID("u1")].error)
-        )
-        worker.start()
-        waiting.wait_for("the claim GET", lambda: env.fetcher.calls == 1, timeout=10)
-        worker.join(0.3)
-        assert done == [] and env.specs() == set(), "nothing is written without the lock"
-    worker.join(10)
-    assert done == [""] and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
+    # A commit in progress.
+    prepare_reads_then_waits(env, state, atomicfile.locked(env.state_dir / "checkpoint.lock"))
+    assert env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
