@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path | str) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -33,8 +33,11 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def temp_name(path: Path | str) -> tuple[str, str]:
+    """(directory, temp file) of a write of ``path``; strings, not Paths: building Paths was a
+    measurable part of a prepare, which writes several files."""
+    directory, name = os.path.split(os.fspath(path))
+    return directory or ".", os.path.join(directory, f".{name}.tmp-{os.getpid()}")
 
 
 def remove_temp_files(directory: Path, name: str) -> int:
@@ -52,11 +55,23 @@ def remove_temp_files(directory: Path, name: str) -> int:
     return count
 
 
+def open_creating_dir(path: Path | str, flags: int, mode: int) -> int:
+    """``os.open(path, flags | O_CREAT, mode)``, creating the missing parent directories.
+
+    They are created only when the open finds them missing: asking first costs a failing
+    ``mkdir``, an exception and a ``stat`` per file written, on the prepare path.
+    """
+    try:
+        return os.open(path, flags | os.O_CREAT, mode)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return os.open(path, flags | os.O_CREAT, mode)
+
+
 def write_atomic(path: Path, data: bytes, *, durable: bool, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data``; see the module docstring for ``durable``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    directory, tmp = temp_name(path)
+    fd = open_creating_dir(tmp, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         view = memoryview(data)
         while view:
@@ -65,12 +80,13 @@ def write_atomic(path: Path, data: bytes, *, durable: bool, mode: int = 0o644) -
             os.fsync(fd)
     except BaseException:
         os.close(fd)
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
     os.close(fd)
     os.replace(tmp, path)
     if durable:
-        fsync_dir(path.parent)
+        fsync_dir(directory)
 
 
 def remove(path: Path) -> bool:
@@ -84,8 +100,9 @@ def remove(path: Path) -> bool:
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[int]:
-    """Hold the exclusive lock on ``path`` (created if missing) for the block; yields its fd."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    """Hold the exclusive lock on ``path`` (created, with its directory, if missing) for the
+    block; yields its fd."""
+    fd = open_creating_dir(path, os.O_RDWR | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd

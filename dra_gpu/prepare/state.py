@@ -235,9 +235,14 @@ class DeviceState:
         return list(self._pool.map(fn, refs))
 
     def _fetch(self, ref: ClaimRef) -> _Fetched:
-        """Read the claim unless the checkpoint answers it; needs no lock (reads only)."""
+        """Read the claim unless the checkpoint answers it; needs no lock (reads only).
+
+        The checkpoint is peeked at, not loaded: loading waits for a commit in progress (its
+        fsyncs), which held up every GET of a burst of prepares. A stale guess costs a needless
+        GET or a GET under the lock (``_prepare_locked``), never a wrong answer.
+        """
         try:
-            record = self.store.load().claims.get(ref.uid)
+            record = self.store.peek().claims.get(ref.uid)
         except (CheckpointError, OSError):  # met again, and handled, under the lock
             record = None
         if _answers(record):
@@ -312,7 +317,8 @@ class DeviceState:
             self._fault("after-sharing-applied")
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
             self._fault("after-cdi-written")
-            completed = records.claim_record(plan, state=PREPARE_COMPLETED)
+            # The started record, completed: its devices were validated when it was built.
+            completed = started.model_copy(update={"state": PREPARE_COMPLETED})
             self.store.update(lambda cp: cp.with_claim(ref.uid, completed), durable=True)
         except Exception:
             self._roll_back(ref.uid, devices)

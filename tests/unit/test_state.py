@@ -23,7 +23,8 @@ Cases:
   again once there is space;
 - with a call lock (rolling update), prepare reads its claim while another holder has the lock
   and writes nothing until it gets it; unprepare waits for it too; a claim completed when it was
-  read but unprepared by the other holder since is read again under the lock.
+  read but unprepared by the other holder since is read again under the lock;
+- a prepare reads its claim while a checkpoint commit holds the checkpoint lock.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from fake_claims import (
     result,
 )
 
-from dra_gpu.kubeletplugin import call_lock
+from dra_gpu.kubeletplugin import atomicfile, call_lock
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.prepare import cdi
 from dra_gpu.prepare.cdi_validate import validate_spec
@@ -412,12 +413,13 @@ def test_parallel_claims_all_prepare(env: Env) -> None:
     state.close()
 
 
-def test_call_lock_is_taken_after_the_claim_is_read(env: Env) -> None:
-    env.fetcher.add(claim("u1", [result("gpu-0")]))
-    lock = env.root / "calls.lock"
-    state = env.state(call_lock=lambda: call_lock.held(lock))
+def prepare_reads_then_waits(
+    env: Env, state: DeviceState, held: contextlib.AbstractContextManager[object]
+) -> None:
+    """Prepares claim u1 while ``held`` is held: the claim is read, nothing is written until
+    ``held`` is released, then the prepare succeeds."""
     done: list[str] = []
-    with call_lock.held(lock):  # the other instance of a rolling update, mid-call
+    with held:
         worker = threading.Thread(
             target=lambda: done.append(state.prepare([ref("u1")])[ClaimUID("u1")].error)
         )
@@ -427,6 +429,14 @@ def test_call_lock_is_taken_after_the_claim_is_read(env: Env) -> None:
         assert done == [] and env.specs() == set(), "nothing is written without the lock"
     worker.join(10)
     assert done == [""] and env.specs() == {"u1"}
+
+
+def test_call_lock_is_taken_after_the_claim_is_read(env: Env) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    lock = env.root / "calls.lock"
+    state = env.state(call_lock=lambda: call_lock.held(lock))
+    # The other instance of a rolling update, mid-call.
+    prepare_reads_then_waits(env, state, call_lock.held(lock))
     with call_lock.held(lock):
         worker = threading.Thread(target=lambda: state.unprepare([ref("u1")]))
         worker.start()
@@ -573,3 +583,14 @@ def test_start_on_a_full_state_disk_serves(env: Env, small_state_disk: Path) -> 
     assert state.prepare([ref("u2")])[ClaimUID("u2")].error == "", "the retry of u2 succeeds"
     assert env.state().start().problems == ()
     assert env.checkpoint_claims() == {u: PREPARE_COMPLETED for u in ("u1", "u2", "u3")}
+
+
+def test_claim_is_read_while_a_checkpoint_commit_is_in_progress(env: Env) -> None:
+    """A burst of prepares reads its claims while another call's checkpoint write (and fsyncs)
+    holds the checkpoint lock; only the write of its own record waits for it."""
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    state = env.state()
+    state.start()
+    # A commit in progress.
+    prepare_reads_then_waits(env, state, atomicfile.locked(env.state_dir / "checkpoint.lock"))
+    assert env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
