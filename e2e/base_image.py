@@ -86,14 +86,16 @@ def cache_key(release: str, mirror: str, packages: tuple[str, ...] = PACKAGES) -
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _debootstrap(release: str, mirror: str, out: Path, log: Log) -> None:
-    """A minimal root of ``release`` with ``PACKAGES``, tarred into ``out`` (atomically)."""
+def debootstrap(
+    release: str, mirror: str, out: Path, log: Log, packages: tuple[str, ...] = PACKAGES
+) -> None:
+    """A minimal root of ``release`` with ``packages``, tarred into ``out`` (atomically)."""
     ensure_debian_packages(("debootstrap",))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".rootfs-") as tmp:
         root = Path(tmp) / "root"
-        log(f"[base-image] debootstrap {release} with {', '.join(PACKAGES)}")
-        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}"]
+        log(f"[base-image] debootstrap {release} with {', '.join(packages)}")
+        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}"]
         proc = subprocess.run(
             [*argv, release, str(root), mirror], capture_output=True, text=True, check=False
         )
@@ -120,7 +122,7 @@ def ensure_base_image(engine: DockerEngine, log: Log) -> str:
         return ref
     rootfs = cache_root() / "base-image" / f"{key}.tar"
     if not rootfs.is_file():
-        _debootstrap(release, mirror, rootfs, log)
+        debootstrap(release, mirror, rootfs, log)
     log(f"[base-image] docker import {rootfs.name} as {ref}")
     engine.docker(
         "import",
