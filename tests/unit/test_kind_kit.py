@@ -1,4 +1,4 @@
-"""The kind kit for users with Docker (e2e/kind/): checked here as far as it can be without Docker.
+"""The kind kit (e2e/kind/), checked without Docker; `make kind-e2e` runs it (outside `make test`).
 
 The cluster config must be a valid kind config giving the suite what it needs, the script must
 pass shellcheck, and every chart value the script sets must exist in the chart's values.yaml.
