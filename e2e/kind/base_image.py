@@ -20,13 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from e2e.base_image import (
-    apt_mirror,
-    debian_release,
-    debootstrap,
-    dockerfile_base,
-    host_apt_sources,
-)
+from e2e.base_image import debian_source, import_rootfs
 from e2e.binaries import cache_root
 from e2e.docker_engine import DockerEngine, Log
 from e2e.kind import tools
@@ -131,19 +125,12 @@ def _context(root: Path, rootfs_ref: str) -> None:
 
 def ensure_kind_base(engine: DockerEngine, log: Log) -> str:
     """kind's base image in ``engine`` (built when missing); returns its reference."""
-    release = debian_release(dockerfile_base())
-    mirror = apt_mirror(release, host_apt_sources())
-    key = cache_key(release, mirror)
+    key = cache_key(*debian_source())
     ref = f"{REPOSITORY}:{key}"
     if engine.image_id(ref):
         return ref
     rootfs = cache_root() / "kind-base" / f"{key}.tar"
-    if not rootfs.is_file():
-        debootstrap(release, mirror, rootfs, log, packages=PACKAGES)
-    rootfs_ref = f"{REPOSITORY}-rootfs:{key}"
-    if not engine.image_id(rootfs_ref):
-        log(f"[kind-base] docker import {rootfs.name} as {rootfs_ref}")
-        engine.docker("import", str(rootfs), rootfs_ref)
+    rootfs_ref = import_rootfs(engine, f"{REPOSITORY}-rootfs:{key}", rootfs, log, packages=PACKAGES)
     with tempfile.TemporaryDirectory(prefix="dra-gpu-kind-base-") as tmp:
         _context(Path(tmp), rootfs_ref)
         log(f"[kind-base] docker build -t {ref}")
