@@ -63,3 +63,9 @@ def test_script_passes_shellcheck() -> None:
         ["shellcheck", "--severity=style", str(KIND / "run.sh")], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout
+
+
+def test_cluster_is_deleted_even_when_its_creation_fails() -> None:
+    # kind leaves a half-made cluster's containers behind when `create` fails midway.
+    script = (KIND / "run.sh").read_text()
+    assert script.index("trap cleanup EXIT") < script.index("kind create cluster")
