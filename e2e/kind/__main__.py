@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         if leftover.strip():
             _log(f"[kind] containers left behind: {leftover.split()}")
             return 1
+        _log("[kind] no kind node container left in the engine")
     step("total", started)
     return result.returncode
 
