@@ -9,8 +9,7 @@
    images loaded, chart installed twice, ``python -m e2e.suite``, cluster deleted.
 
 Prints how long each step took (``[kind] <step>: <seconds> s``); run.sh's own lines carry the
-seconds since it started. ``--node-image REF`` skips the build and uses REF as it is (e.g. a
-published ``kindest/node``; then kind's own CNI runs and no config is added).
+seconds since it started. With a registry at hand, run ``e2e/kind/run.sh`` itself (docs/e2e.md).
 """
 
 from __future__ import annotations
@@ -88,8 +87,7 @@ def _tool_dir(work: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.kind", description=__doc__)
-    parser.add_argument("--node-image", help="use this node image instead of building one")
-    args = parser.parse_args(argv)
+    parser.parse_args(argv)
     started = time.monotonic()
 
     def step(name: str, since: float) -> float:
@@ -114,24 +112,16 @@ def main(argv: list[str] | None = None) -> int:
             "BUILD_DRIVER_IMAGE": "0",
             "KEEP_CLUSTER": "0",  # the cluster lives only as long as the kit's engine
         }
-        if args.node_image:
-            env["KIND_NODE_IMAGE"] = args.node_image
-        else:
-            env["KIND_NODE_IMAGE"] = ensure_node_image(engine, _log)
-            mark = step("node image", mark)
-            config = yaml.safe_load((KIT / "cluster.yaml").read_text())
-            local = work / "cluster.yaml"
-            local.write_text(
-                yaml.safe_dump(
-                    local_config(
-                        config,
-                        cgroup_v1=not CGROUP_V2_MARKER.exists(),
-                        sys_resource="CAP_SYS_RESOURCE" in bounding_set(PROC_STATUS.read_text()),
-                    )
-                )
-            )
-            env["KIND_CONFIG"] = str(local)
-            env["KIND_AFTER_CREATE"] = f"{sys.executable} -m e2e.kind.network"
+        env["KIND_NODE_IMAGE"] = ensure_node_image(engine, _log)
+        mark = step("node image", mark)
+        config = local_config(
+            yaml.safe_load((KIT / "cluster.yaml").read_text()),
+            cgroup_v1=not CGROUP_V2_MARKER.exists(),
+            sys_resource="CAP_SYS_RESOURCE" in bounding_set(PROC_STATUS.read_text()),
+        )
+        (work / "cluster.yaml").write_text(yaml.safe_dump(config))
+        env["KIND_CONFIG"] = str(work / "cluster.yaml")
+        env["KIND_AFTER_CREATE"] = f"{sys.executable} -m e2e.kind.network"
         driver_image.build(engine, ":".join(DRIVER_IMAGE), labels={}, log=_log)
         mark = step("driver image", mark)
         result = subprocess.run(["bash", str(KIT / "run.sh")], cwd=ROOT, env=env)
