@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-gpu test e2e-deployed lint format typecheck unit protos clean venv
+.PHONY: demo demo-gpu test e2e-deployed kind-e2e lint format typecheck unit protos clean venv
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test: $(STAMP)
 # uninstall. Installs Docker (Debian's docker.io) when missing. Ends with `N passed, N failed`.
 e2e-deployed: $(STAMP)
 	$(PY) -m e2e.deployed
+
+# The kind kit (e2e/kind/run.sh) run here: kind, its base and node images built locally, the
+# cluster up, the chart installed, the suite, the cluster deleted. Not part of `make test`.
+kind-e2e: $(STAMP)
+	$(PY) -m e2e.kind
 
 # lint-imports: the layers and forbidden imports declared in pyproject.toml (import-linter).
 lint: $(STAMP)

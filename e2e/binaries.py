@@ -42,8 +42,8 @@ DEFAULT_ETCD_VERSION = "v3.6.16"
 
 CONTROL_PLANE_K8S = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 # kube-proxy only for the deployed-driver test (pods reach the API server through the
-# `kubernetes` Service): nothing else waits for it.
-K8S_PURE_GO = (*CONTROL_PLANE_K8S, "kube-proxy")
+# `kubernetes` Service), kubeadm only for the kind node image: nothing else waits for them.
+K8S_PURE_GO = (*CONTROL_PLANE_K8S, "kube-proxy", "kubeadm")
 K8S_CGO = ("kubelet",)
 ETCD = "etcd"
 CONTROL_PLANE: tuple[str, ...] = (ETCD, *CONTROL_PLANE_K8S)

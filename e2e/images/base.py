@@ -86,14 +86,16 @@ def cache_key(release: str, mirror: str, packages: tuple[str, ...] = PACKAGES) -
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _debootstrap(release: str, mirror: str, out: Path, log: Log) -> None:
-    """A minimal root of ``release`` with ``PACKAGES``, tarred into ``out`` (atomically)."""
+def debootstrap(
+    release: str, mirror: str, out: Path, log: Log, packages: tuple[str, ...] = PACKAGES
+) -> None:
+    """A minimal root of ``release`` with ``packages``, tarred into ``out`` (atomically)."""
     ensure_debian_packages(("debootstrap",))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".rootfs-") as tmp:
         root = Path(tmp) / "root"
-        log(f"[base-image] debootstrap {release} with {', '.join(PACKAGES)}")
-        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}"]
+        log(f"[base-image] debootstrap {release} with {', '.join(packages)}")
+        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}"]
         proc = subprocess.run(
             [*argv, release, str(root), mirror], capture_output=True, text=True, check=False
         )
@@ -110,25 +112,38 @@ def _debootstrap(release: str, mirror: str, out: Path, log: Log) -> None:
         tar.replace(out)
 
 
-def ensure_base_image(engine: DockerEngine, log: Log) -> str:
-    """The local equivalent of the Dockerfile's base, in ``engine``; returns its reference."""
+def debian_source() -> tuple[str, str]:
+    """The Debian release of the Dockerfile's base and the archive this machine's apt uses."""
     release = debian_release(dockerfile_base())
-    mirror = apt_mirror(release, host_apt_sources())
-    key = cache_key(release, mirror)
-    ref = f"{REPOSITORY}:{key}"
+    return release, apt_mirror(release, host_apt_sources())
+
+
+def import_rootfs(
+    engine: DockerEngine,
+    ref: str,
+    rootfs: Path,
+    log: Log,
+    *,
+    packages: tuple[str, ...] = PACKAGES,
+    changes: tuple[str, ...] = (),
+) -> str:
+    """``ref`` in ``engine``: the root tarball ``rootfs`` imported (with ``docker import
+    --change`` each of ``changes``), debootstrapped with ``packages`` when missing too."""
     if engine.image_id(ref):
         return ref
-    rootfs = cache_root() / "base-image" / f"{key}.tar"
     if not rootfs.is_file():
-        _debootstrap(release, mirror, rootfs, log)
+        debootstrap(*debian_source(), rootfs, log, packages)
     log(f"[base-image] docker import {rootfs.name} as {ref}")
-    engine.docker(
-        "import",
-        "--change",
-        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "--change",
-        'CMD ["python3"]',
-        str(rootfs),
-        ref,
-    )
+    engine.docker("import", *(a for c in changes for a in ("--change", c)), str(rootfs), ref)
     return ref
+
+
+def ensure_base_image(engine: DockerEngine, log: Log) -> str:
+    """The local equivalent of the Dockerfile's base, in ``engine``; returns its reference."""
+    key = cache_key(*debian_source())
+    changes = (
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        'CMD ["python3"]',
+    )
+    rootfs = cache_root() / "base-image" / f"{key}.tar"
+    return import_rootfs(engine, f"{REPOSITORY}:{key}", rootfs, log, changes=changes)

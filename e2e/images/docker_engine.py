@@ -63,8 +63,11 @@ def data_root() -> Path:
 class DockerEngine:
     """``dockerd`` as a child process; ``docker(...)`` runs the client against it."""
 
-    def __init__(self, root: Path | None = None, *, log: Log = _stderr) -> None:
+    def __init__(
+        self, root: Path | None = None, *, log: Log = _stderr, daemon_args: Sequence[str] = ()
+    ) -> None:
         self.root = (root or data_root()).resolve()
+        self.daemon_args = tuple(daemon_args)  # more dockerd flags (the kind kit's runtime)
         # Unix socket paths are limited to 107 bytes, and containerd puts its own sockets under
         # the exec root: keep that short, under /run, named after the data root.
         tag = hashlib.sha256(str(self.root).encode()).hexdigest()[:8]
@@ -91,6 +94,7 @@ class DockerEngine:
             "--iptables=false",
             "--ip6tables=false",
             "--bridge=none",
+            *self.daemon_args,
         ]
         self._daemon.start(
             argv,

@@ -1,7 +1,8 @@
 """The chart as e2e/kind/run.sh installs it: one release per simulated profile, side by side.
 
-kind cannot run here, so this renders each release with exactly the values the script passes
-(parsed from the script) and has the local API server accept both releases together.
+`make kind-e2e` runs the kit (minutes, outside `make test`); this quick check renders each
+release with exactly the values the script passes (parsed from the script) and has the local API
+server accept both releases together.
 """
 
 from __future__ import annotations

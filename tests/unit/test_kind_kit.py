@@ -1,4 +1,4 @@
-"""The kind kit for users with Docker (e2e/kind/): checked here as far as it can be without Docker.
+"""The kind kit (e2e/kind/), checked without Docker; `make kind-e2e` runs it (outside `make test`).
 
 The cluster config must be a valid kind config giving the suite what it needs, the script must
 pass shellcheck, and every chart value the script sets must exist in the chart's values.yaml.
@@ -63,3 +63,9 @@ def test_script_passes_shellcheck() -> None:
         ["shellcheck", "--severity=style", str(KIND / "run.sh")], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout
+
+
+def test_cluster_is_deleted_even_when_its_creation_fails() -> None:
+    # kind leaves a half-made cluster's containers behind when `create` fails midway.
+    script = (KIND / "run.sh").read_text()
+    assert script.index("trap cleanup EXIT") < script.index("kind create cluster")
