@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
 def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     from dra_gpu.devices import health_rules
-    from dra_gpu.kube import errors
+    from dra_gpu.kube import capabilities, errors
     from dra_gpu.kube.client import connect
     from dra_gpu.plugin import events, health_monitor, inventory, node_plugin, slice_api, sockets
 
@@ -147,9 +147,19 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         devices, discovery_errors = inventory.discover_with_errors(backend)
         inventory.log_errors(discovery_errors)
         client = connect(settings.kubeconfig)
-    except (inventory.InventoryError, errors.ApiError, health_rules.HealthConfigError) as err:
+        detected = capabilities.detect_or_none(
+            client, driver=settings.driver_name, node=settings.node_name
+        )
+    except (
+        inventory.InventoryError,
+        errors.ApiError,
+        health_rules.HealthConfigError,
+        capabilities.Unsupported,
+    ) as err:
         log.error("cannot start: %s", err)
         return 1
+    for level, line in capabilities.plugin_report(detected):
+        log.log(level, "%s", line)  # what this cluster supports, and what is refused
     store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
     # Prepare looks devices up in the latest inventory (it may change while the plugin runs).
     current = {d.name: d for d in devices}
