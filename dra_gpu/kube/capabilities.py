@@ -96,6 +96,13 @@ class Capabilities:
         return self.server.at_least(1, 36)
 
     @property
+    def kubelet_dra_service(self) -> str | None:
+        """The ``DRAPlugin`` version this node's kubelet picks of the two the plugin offers."""
+        if self.kubelet is None:
+            return None
+        return "v1" if self.kubelet.at_least(1, 34) else "v1beta1"
+
+    @property
     def kubelet_health_service(self) -> str | None:
         """The ``DRAResourceHealth`` version this node's kubelet asks for (None: not known)."""
         if self.kubelet is None:
@@ -122,7 +129,8 @@ class Capabilities:
             return "unknown" if flag is None else ("on" if flag else "off")
 
         kubelet = (
-            f"kubelet {self.kubelet} (DRAResourceHealth {self.kubelet_health_service}, "
+            f"kubelet {self.kubelet} (DRAPlugin {self.kubelet_dra_service}, "
+            f"DRAResourceHealth {self.kubelet_health_service}, "
             f"health in pod status {on(self.kubelet_watches_health)})"
             if self.kubelet is not None
             else "kubelet version unknown"
@@ -225,12 +233,13 @@ def probe_slices(*, driver: str, node: str) -> tuple[JSON, JSON]:
     )
 
 
-def probe_class(extended_resource_name: str) -> JSON:
-    """A DeviceClass for a dry-run create: does the server keep ``extendedResourceName``?"""
+def probe_class(extended_resource_name: str, *, labels: Mapping[str, str]) -> JSON:
+    """A DeviceClass for a dry-run create: does the server keep ``extendedResourceName``?
+    ``labels``: those a policy requires of the caller's classes (the controller's ownership)."""
     return {
         "apiVersion": f"{GROUP}/v1",
         "kind": "DeviceClass",
-        "metadata": {"generateName": f"{PROBE_DEVICE}-"},
+        "metadata": {"generateName": f"{PROBE_DEVICE}-", "labels": dict(labels)},
         "spec": {"extendedResourceName": extended_resource_name},
     }
 
@@ -238,8 +247,10 @@ def probe_class(extended_resource_name: str) -> JSON:
 def _dry_run(client: KubeClient, path: str, body: JSON) -> JSON | None:
     try:
         return client.request("POST", path, query={"dryRun": "All"}, body=body)
-    except errors.ApiError:
-        return None  # refused or not understood: the feature is not usable either way
+    except errors.ApiError as err:
+        # Refused or not understood: the feature is not usable either way; the cause is logged.
+        log.info("dry-run probe %s refused: %s", body["metadata"]["generateName"], err)
+        return None
 
 
 def detect(
@@ -247,12 +258,12 @@ def detect(
     *,
     driver: str,
     node: str | None,
-    extended_resource_name: str | None = None,
+    class_probe: JSON | None = None,
 ) -> Capabilities:
     """Ask the API server (see the module docstring). Raises ``errors.ApiError`` when the server
     does not answer ``/version``, :class:`Unsupported` when it is too old. Without ``node``
     (the controller) the slice probes and the kubelet are skipped; with
-    ``extended_resource_name`` a DeviceClass carrying it is probed."""
+    ``class_probe`` (:func:`probe_class`) that DeviceClass is dry-run created."""
     version = client.request("GET", "/version")
     try:
         group: JSON | None = client.request("GET", f"/apis/{GROUP}")
@@ -267,16 +278,16 @@ def detect(
             node_obj = client.request("GET", f"/api/v1/nodes/{quote(node)}")
         except errors.ApiError:
             node_obj = None
-    class_probe: JSON | None = None
-    if extended_resource_name is not None and group is not None:
-        class_probe = _dry_run(client, CLASSES_PATH, probe_class(extended_resource_name)) or {}
+    class_answer: JSON | None = None
+    if class_probe is not None and group is not None:
+        class_answer = _dry_run(client, CLASSES_PATH, class_probe) or {}
     return from_answers(
         version=version,
         group=group,
         taint_probe=taint_probe,
         counter_probe=counter_probe,
         node=node_obj,
-        class_probe=class_probe,
+        class_probe=class_answer,
     )
 
 
@@ -285,15 +296,13 @@ def detect_or_none(
     *,
     driver: str,
     node: str | None,
-    extended_resource_name: str | None = None,
+    class_probe: JSON | None = None,
 ) -> Capabilities | None:
     """:func:`detect`, or None (logged) when the API server does not answer: a plugin started
     during an outage must still serve unprepare from its checkpoint. Raises
     :class:`Unsupported` for a server too old."""
     try:
-        return detect(
-            client, driver=driver, node=node, extended_resource_name=extended_resource_name
-        )
+        return detect(client, driver=driver, node=node, class_probe=class_probe)
     except errors.ApiError as err:
         log.warning("cannot ask the API server what it supports (%s); features not checked", err)
         return None

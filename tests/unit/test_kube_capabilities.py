@@ -75,7 +75,7 @@ def test_dropped_taints_refuse_health_taints_naming_version_and_gate() -> None:
     warnings = [text for level, text in report if level == logging.WARNING]
     assert any("v1.34.4" in w and "DRADeviceTaints" in w and "health taints" in w for w in warnings)
     assert "device taints off" in report[0][1]
-    assert "DRAResourceHealth v1alpha1" in report[0][1]
+    assert "DRAPlugin v1, DRAResourceHealth v1alpha1" in report[0][1]
 
 
 def test_kept_fields_refuse_nothing() -> None:
@@ -120,7 +120,7 @@ def test_dropped_extended_resource_name_is_refused_by_the_controller() -> None:
         group=GROUP_1_34,
         taint_probe=None,
         counter_probe=None,
-        class_probe=capabilities.probe_class("nvidia.com/gpu"),
+        class_probe=capabilities.probe_class("nvidia.com/gpu", labels={}),
     )
     assert kept.extended_resources is True
     assert len(capabilities.controller_report(kept, extended_resource_name="nvidia.com/gpu")) == 1
