@@ -200,22 +200,14 @@ def run_version(version: str, out: Path) -> dict[str, Outcome]:
     return parse_junit(junit.read_text()) if junit.is_file() else {}
 
 
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+
+
 def _commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return done.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return _git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

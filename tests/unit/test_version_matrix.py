@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from e2e import matrix
@@ -53,3 +55,17 @@ def test_the_docs_block_is_replaced_and_the_rest_kept() -> None:
     assert new == f"# Versions\nbefore\n{matrix.BEGIN}\nnew table\n{matrix.END}\nafter\n"
     with pytest.raises(ValueError, match="matrix:begin"):
         matrix.replace_block("no markers", "x")
+
+
+def test_the_report_names_commit_failures_and_build_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRA_GPU_CACHE", str(tmp_path))
+    green = {"v1.37.2": {"one-gpu": Outcome(PASSED)}}
+    text = matrix.report(green, ["one-gpu"], commit="abc1234", date="2026-12-01 15:00 UTC")
+    assert "at commit `abc1234`" in text and "- v1.37.2: no recorded build" in text
+    assert "FAILED" not in text and text.endswith("**1 passed, 0 failed**")
+    red = {"v1.34.4": {"one-gpu": Outcome(FAILED, "pod x ended (Failed)")}}
+    assert "- v1.34.4 one-gpu: FAILED: pod x ended (Failed)" in matrix.report(
+        red, ["one-gpu"], commit="abc1234", date="2026-12-01 15:00 UTC"
+    )
