@@ -79,8 +79,10 @@ class Capabilities:
 
     server: KubeVersion
     resource_versions: tuple[str, ...]  # resource.k8s.io versions served, preferred first
-    device_taints: bool  # ResourceSlice device taints are kept (DRADeviceTaints on)
-    partitionable_devices: bool  # sharedCounters are kept (DRAPartitionableDevices on)
+    # ResourceSlice device taints are kept (DRADeviceTaints on); None: not probed (controller).
+    device_taints: bool | None
+    # sharedCounters are kept (DRAPartitionableDevices on); None: not probed (controller).
+    partitionable_devices: bool | None
     kubelet: KubeVersion | None = None
     # DeviceClass extendedResourceName is kept (DRAExtendedResource on); None: not probed.
     extended_resources: bool | None = None
@@ -126,7 +128,7 @@ class Capabilities:
         """One log line: the versions and every feature that differs between 1.34 and 1.37."""
 
         def on(flag: bool | None) -> str:
-            return "unknown" if flag is None else ("on" if flag else "off")
+            return "not probed" if flag is None else ("on" if flag else "off")
 
         kubelet = (
             f"kubelet {self.kubelet} (DRAPlugin {self.kubelet_dra_service}, "
@@ -177,10 +179,12 @@ def from_answers(
     counter_probe: Mapping[str, Any] | None,
     node: Mapping[str, Any] | None = None,
     class_probe: Mapping[str, Any] | None = None,
+    slices_probed: bool = True,
 ) -> Capabilities:
     """Capabilities from the server's answers (pure). ``None`` for an answer that failed: a
     probe that failed counts as the feature being off; a missing group as no ``v1``.
-    ``class_probe`` None: the DeviceClass probe was not made (a failed one is ``{}``)."""
+    ``class_probe`` None: the DeviceClass probe was not made (a failed one is ``{}``);
+    ``slices_probed`` False: the slice probes were not made (no node: the controller)."""
     server = parse_version(str(version.get("gitVersion") or ""))
     served = served_versions(group or {})
     if not server.at_least(*OLDEST) or "v1" not in served:
@@ -197,8 +201,8 @@ def from_answers(
     return Capabilities(
         server=server,
         resource_versions=served,
-        device_taints=_kept_taints(taint_probe),
-        partitionable_devices=_kept_counters(counter_probe),
+        device_taints=None if slices_probed is False else _kept_taints(taint_probe),
+        partitionable_devices=None if slices_probed is False else _kept_counters(counter_probe),
         kubelet=kubelet,
         extended_resources=(
             None
@@ -288,6 +292,7 @@ def detect(
         counter_probe=counter_probe,
         node=node_obj,
         class_probe=class_answer,
+        slices_probed=node is not None,
     )
 
 
@@ -314,7 +319,7 @@ def plugin_report(caps: Capabilities | None) -> list[tuple[int, str]]:
     if caps is None:
         return []
     lines = [(logging.INFO, caps.summary())]
-    if not caps.device_taints:
+    if caps.device_taints is False:
         effect = (
             "GPUs with health errors are not tainted in the ResourceSlices, so the scheduler "
             "keeps allocating them"

@@ -109,8 +109,10 @@ def test_dropped_extended_resource_name_is_refused_by_the_controller() -> None:
         taint_probe=None,
         counter_probe=None,
         class_probe={"spec": {}},
+        slices_probed=False,
     )
     report = capabilities.controller_report(dropped, extended_resource_name="nvidia.com/gpu")
+    assert "device taints not probed" in report[0][1]  # the controller probes classes only
     assert any(
         level == logging.WARNING and "DRAExtendedResource" in text and "v1.34.4" in text
         for level, text in report
