@@ -72,7 +72,8 @@ def parse_junit(text: str) -> dict[str, Outcome]:
             first = (bad.get("message") or bad.text or "").strip().splitlines()
             outcomes[_scenario_of(case)] = Outcome(FAILED, first[0] if first else "")
         elif skipped is not None:
-            outcomes[_scenario_of(case)] = Outcome(REFUSED, (skipped.get("message") or "").strip())
+            reason = (skipped.get("message") or "").strip().removeprefix("refused: ")
+            outcomes[_scenario_of(case)] = Outcome(REFUSED, reason)
         else:
             outcomes[_scenario_of(case)] = Outcome(PASSED)
     return outcomes

@@ -32,7 +32,7 @@ def test_default_versions_are_one_per_minor_and_the_variable_picks() -> None:
 def test_junit_outcomes_per_scenario() -> None:
     assert matrix.parse_junit(JUNIT) == {
         "one-gpu": Outcome(PASSED),
-        "extended-resource": Outcome(REFUSED, "refused: Kubernetes v1.34.4 drops it"),
+        "extended-resource": Outcome(REFUSED, "Kubernetes v1.34.4 drops it"),
         "two-gpus": Outcome(FAILED, "ScenarioFailed: two-gpus: pod x ended (Failed)"),
     }
 
