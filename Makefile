@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-gpu test e2e-deployed kind-e2e lint format typecheck unit protos clean venv
+.PHONY: demo demo-gpu test e2e-deployed kind-e2e matrix lint format typecheck unit protos clean venv
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ test: $(STAMP)
 # uninstall. Installs Docker (Debian's docker.io) when missing. Ends with `N passed, N failed`.
 e2e-deployed: $(STAMP)
 	$(PY) -m e2e.deployed
+
+# The real-node scenario suite on every supported Kubernetes version (not in `make test`: each
+# version's cold build takes 20+ minutes). K8S_VERSIONS="v1.34.4 v1.37.2" picks versions. Prints
+# a version x scenario table ending with `N passed, N failed`, kept in docs/versions.md.
+matrix: $(STAMP)
+	$(PY) -m e2e.matrix --docs docs/versions.md
 
 # The kind kit (e2e/kind/run.sh) run here: kind, its base and node images built locally, the
 # cluster up, the chart installed, the suite, the cluster deleted. Not part of `make test`.

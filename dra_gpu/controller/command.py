@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from dra_gpu import DRIVER_NAME
 from dra_gpu.controller import leases
 
 if TYPE_CHECKING:
@@ -180,7 +181,8 @@ def main(args: argparse.Namespace) -> int:
     # urllib3 logs every connection retry as a warning; our loops retry and log once instead.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     from dra_gpu import metrics
-    from dra_gpu.controller import reconciling
+    from dra_gpu.controller import classes, reconciling
+    from dra_gpu.kube import capabilities
     from dra_gpu.kube.client import connect
 
     try:
@@ -195,6 +197,24 @@ def main(args: argparse.Namespace) -> int:
         client = connect(args.kubeconfig, default_kubeconfig=True)
     except Exception as exc:
         raise SystemExit(f"cannot load Kubernetes credentials: {exc}") from exc
+    owned = {classes.MANAGED_BY_LABEL: classes.MANAGED_BY_VALUE}  # the policy wants the label
+    try:
+        detected = capabilities.detect_or_none(
+            client,
+            driver=DRIVER_NAME,
+            node=None,
+            class_probe=(
+                capabilities.probe_class(args.extended_resource_name, labels=owned)
+                if args.extended_resource_name
+                else None
+            ),
+        )
+    except capabilities.Unsupported as exc:
+        raise SystemExit(f"cannot start: {exc}") from exc
+    for level, line in capabilities.controller_report(
+        detected, extended_resource_name=args.extended_resource_name
+    ):
+        log.log(level, "%s", line)  # what this cluster supports, and what is refused
     source = reconciling.ClassSource(
         path=args.config, extended_resource_name=args.extended_resource_name
     )

@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
 def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     from dra_gpu.devices import health_rules
-    from dra_gpu.kube import errors
+    from dra_gpu.kube import capabilities, errors
     from dra_gpu.kube.client import connect
     from dra_gpu.kubeletplugin import slice_api, sockets
     from dra_gpu.plugin import current_devices, health_monitor, inventory, node_plugin
@@ -168,8 +168,22 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         devices, discovery_errors = inventory.discover_with_errors(backend)
         inventory.log_errors(discovery_errors)
         client = connect(settings.kubeconfig)
-    except (inventory.InventoryError, errors.ApiError, health_rules.HealthConfigError) as err:
+        detected = capabilities.detect_or_none(
+            client, driver=settings.driver_name, node=settings.node_name
+        )
+    except (
+        inventory.InventoryError,
+        errors.ApiError,
+        health_rules.HealthConfigError,
+        capabilities.Unsupported,
+    ) as err:
         log.error("cannot start: %s", err)
+        return 1
+    for level, line in capabilities.plugin_report(detected):
+        log.log(level, "%s", line)  # what this cluster supports, and what is refused
+    refused = capabilities.dynamic_mig_refusal(detected)
+    if settings.mig_mode == "dynamic" and refused is not None:
+        log.error("cannot start: %s", refused)
         return 1
     store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
     # The devices now: re-discovery changes them while the plugin runs.

@@ -2,7 +2,8 @@
 
 1. kind, helm and kubectl from their Go modules (version-keyed caches, ``e2e.kind.tools``,
    ``e2e.helm``, ``e2e.binaries``);
-2. a Docker engine of the kit's own (``e2e.images.docker_engine``, data root ``<cache>/kind-docker``);
+2. a Docker engine of the kit's own (``e2e.images.docker_engine``, data root
+   ``<cache>/kind-docker``);
 3. the kind node image (``e2e.kind.node_image``) and the driver image (``e2e.images.driver``) in it;
 4. ``e2e/kind/run.sh`` with that node image, the kit's config plus what a node image without
    kindnetd and CoreDNS needs (``local_config``), ``e2e.kind.network`` as its CNI step: cluster up,

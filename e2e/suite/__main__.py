@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from e2e.suite import needs
 from e2e.suite.kube import Kube
 from e2e.suite.runner import Context, ScenarioFailed, run_scenario
 from e2e.suite.scenarios import SCENARIOS
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         node_selector=selector,
     )
     chosen = [s for s in SCENARIOS if not args.only or any(k in s.name for k in args.only)]
-    passed = failed = 0
+    passed = failed = refused = 0
     for scenario in chosen:
         print(f"[{scenario.name}] {scenario.summary}", flush=True)
         try:
@@ -48,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         except (ScenarioFailed, AssertionError) as e:
             print(f"  FAILED: {e}", flush=True)
             failed += 1
-    print(f"{passed} passed, {failed} failed")
+        except needs.Refused as e:
+            print(f"  REFUSED: {e}", flush=True)
+            refused += 1
+    print(f"{passed} passed, {failed} failed" + (f" ({refused} refused)" if refused else ""))
     return 1 if failed or not chosen else 0
 
 

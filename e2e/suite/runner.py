@@ -21,6 +21,7 @@ from kubernetes.client import ApiException
 
 from e2e.suite import views
 from e2e.suite.kube import Kube, load_manifests, wait_for
+from e2e.suite.needs import Need, refuse_unmet
 
 SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 Log = Callable[[str], None]
@@ -79,6 +80,8 @@ class Scenario:
     expect: str = "running"
     problem: str = ""
     repeat: int = 1  # run again after cleanup: the same devices must be allocatable again
+    # What the cluster must support (``needs``); a version that lacks it refuses the scenario.
+    needs: tuple[Need, ...] = ()
 
 
 def with_node_selector(pod: dict[str, Any], selector: Mapping[str, str]) -> dict[str, Any]:
@@ -324,7 +327,9 @@ def _check_unschedulable(ctx: Context, run: Run, name: str) -> list[str]:
 
 
 def run_scenario(ctx: Context, scenario: Scenario) -> list[Run]:
-    """Run ``scenario`` (``repeat`` times); raise ``ScenarioFailed`` listing every problem."""
+    """Run ``scenario`` (``repeat`` times); raise ``ScenarioFailed`` listing every problem, or
+    ``needs.Refused`` when the cluster lacks what it needs."""
+    refuse_unmet(ctx.kube, scenario.needs)  # raises needs.Refused, naming the version
     started = time.monotonic()
     runs: list[Run] = []
     problems: list[str] = []

@@ -14,6 +14,7 @@ from typing import Any
 from dra_gpu import DRIVER_NAME
 from dra_gpu.config.quantity import to_bytes as parse_quantity
 from dra_gpu.prepare.cdi import env_prefix
+from e2e.suite import needs
 from e2e.suite.runner import Check, Context, Run, Scenario
 
 
@@ -151,6 +152,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "extended-resource",
         "a device-plugin style nvidia.com/gpu: 1 limit, served through DRA",
         checks=(device_count(1), device_env_has(TYPE="gpu")),
+        needs=(needs.extended_resource_mapping,),
     ),
     Scenario(
         "two-claims",

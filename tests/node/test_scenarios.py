@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import pytest
 
+from e2e.suite import needs
 from e2e.suite.runner import Context, Scenario, run_scenario
 from e2e.suite.scenarios import SCENARIOS
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_scenario(suite: Context, scenario: Scenario) -> None:
-    run_scenario(suite, scenario)
+    try:
+        run_scenario(suite, scenario)
+    except needs.Refused as refused:  # this Kubernetes version lacks the feature: say which
+        pytest.skip(f"refused: {refused}")
