@@ -112,6 +112,23 @@ def sign(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
+def new_ca(
+    common_name: str, validity: dt.timedelta
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A self-signed CA certificate and its key."""
+    key = new_key()
+    subject = name(common_name)
+    cert = sign(
+        subject=subject,
+        public=key.public_key(),
+        issuer=subject,
+        issuer_key=key,
+        validity=validity,
+        is_ca=True,
+    )
+    return cert, key
+
+
 def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
     return x509.KeyUsage(
         digital_signature=True,
@@ -175,21 +192,12 @@ def ensure_self_signed(
     if _reusable(files, hosts):
         return files
     validity = dt.timedelta(days=days)
-    ca_key = new_key()
-    ca_name = name("dra-gpu webhook CA")
-    ca_cert = sign(
-        subject=ca_name,
-        public=ca_key.public_key(),
-        issuer=ca_name,
-        issuer_key=ca_key,
-        validity=validity,
-        is_ca=True,
-    )
+    ca_cert, ca_key = new_ca("dra-gpu webhook CA", validity)
     key = new_key()
     cert = sign(
         subject=name("dra-gpu webhook"),
         public=key.public_key(),
-        issuer=ca_name,
+        issuer=ca_cert.subject,
         issuer_key=ca_key,
         validity=validity,
         usage=ExtendedKeyUsageOID.SERVER_AUTH,

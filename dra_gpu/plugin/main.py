@@ -158,7 +158,9 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
     state: DeviceState | None = None
     with_events: events.FailureEvents | None = None
 
-    plugin = node_plugin.NodePlugin(settings, store=store, devices=devices)
+    plugin = node_plugin.NodePlugin(
+        settings, store=store, devices=devices, instance=node_plugin.this_instance(settings)
+    )
 
     try:
         published = store.list_slices()

@@ -90,7 +90,7 @@ class NodePlugin:
         *,
         store: publisher.SliceStore,
         devices: Sequence[Device],
-        instance: slice_plan.Instance | None = None,
+        instance: slice_plan.Instance,
     ) -> None:
         self._settings = settings
         self._paths = socket_paths(settings)
@@ -102,7 +102,7 @@ class NodePlugin:
             node=settings.node_name,
             driver=settings.driver_name,
             render=renderer(settings, devices),
-            instance=instance or this_instance(settings),
+            instance=instance,
             alive=self._instance_alive,
         )
         self._dra_server: grpc.Server | None = None

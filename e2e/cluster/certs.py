@@ -111,16 +111,7 @@ def create_pki(directory: Path) -> Pki:
 
 
 def _create_ca(out: CertPair, *, cn: str) -> None:
-    key = x509_certs.new_key()
-    name = x509_certs.name(cn)
-    cert = x509_certs.sign(
-        subject=name,
-        public=key.public_key(),
-        issuer=name,
-        issuer_key=key,
-        validity=VALIDITY,
-        is_ca=True,
-    )
+    cert, key = x509_certs.new_ca(cn, VALIDITY)
     _write_pair(out, cert, key)
 
 

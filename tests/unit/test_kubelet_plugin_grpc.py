@@ -84,8 +84,12 @@ def start_plugin(short_root: Path) -> Iterator[Callable[..., node_plugin.NodePlu
     devices = inventory.discover(inventory.backend_for(simulate="h200x8", node_name=NODE))
 
     def start(*extra: str, state: DeviceState | None = None) -> node_plugin.NodePlugin:
+        settings = make_settings(short_root, *extra)
         plugin = node_plugin.NodePlugin(
-            make_settings(short_root, *extra), store=FakeSliceStore(), devices=devices
+            settings,
+            store=FakeSliceStore(),
+            devices=devices,
+            instance=node_plugin.this_instance(settings),
         )
         started.append(plugin)
         start_serving(plugin, state)
@@ -165,7 +169,13 @@ def test_serves_when_the_socket_paths_are_at_the_length_limit(short_root: Path) 
     root = short_root / ("d" * pad)
     assert len(str(paths(root).registration).encode()) == sockets.MAX_PATH
     devices = inventory.discover(inventory.backend_for(simulate="h200x8", node_name=NODE))
-    plugin = node_plugin.NodePlugin(make_settings(root), store=FakeSliceStore(), devices=devices)
+    settings = make_settings(root)
+    plugin = node_plugin.NodePlugin(
+        settings,
+        store=FakeSliceStore(),
+        devices=devices,
+        instance=node_plugin.this_instance(settings),
+    )
     start_serving(plugin)
     try:
         assert get_info(paths(root).registration).endpoint == str(root / "data" / "dra.sock")

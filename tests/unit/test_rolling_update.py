@@ -67,7 +67,12 @@ class Node:
             boot_id=lambda: "boot",
             call_lock=call_lock.NodeCallLock(plugin_settings.socket_paths(settings).lock),
         )
-        plugin = node_plugin.NodePlugin(settings, store=FakeSliceStore(), devices=self.devices)
+        plugin = node_plugin.NodePlugin(
+            settings,
+            store=FakeSliceStore(),
+            devices=self.devices,
+            instance=node_plugin.this_instance(settings),
+        )
         self.plugins[str(settings.pod_uid)] = plugin
         start_serving(plugin, state)
         return settings
