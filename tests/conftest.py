@@ -24,6 +24,9 @@ from pathlib import Path
 import pytest
 from kubernetes.client import ApiClient
 
+# First: sets GRPC_ENABLE_FORK_SUPPORT=false before any test imports grpc (dra_gpu/__init__.py).
+import dra_gpu  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `e2e` is not an installed package; make it importable
     sys.path.insert(0, str(ROOT))

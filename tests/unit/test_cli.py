@@ -1,6 +1,7 @@
 """The command line: only real subcommands, and a version users can report."""
 
 import ast
+import os
 import subprocess
 import sys
 
@@ -55,3 +56,21 @@ def test_plugin_settings_without_metrics_load_no_prometheus_client() -> None:
         "from dra_gpu.plugin import settings; settings.build_settings({'node_name': 'n'}, {})"
     )
     assert _loaded_after(statement, ("prometheus_client",)) == []
+
+
+def test_importing_the_grpc_side_leaves_fork_handlers_off() -> None:
+    # gRPC core's fork handlers hung a subprocess spawn (fork) while gRPC threads were busy; the
+    # plugin forks to run nvidia-smi and the MPS control daemon, so they must be off.
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, dra_gpu.kubeletplugin.dra_service; "
+            "print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"},
+    )
+    assert out.stdout.strip() == "false"
