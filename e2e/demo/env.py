@@ -7,7 +7,8 @@ session) that owns everything and tears it down on SIGTERM (``python -m e2e.demo
 2. two GPU nodes, ``demo-h200`` (profile ``h200x8``: 8 full H200) and ``demo-a100`` (profile
    ``a100x4-mig``: A100s with MIG devices). Each is a *real* node (kubelet + containerd + runc
    from ``e2e.node``, so pods really run) when that works on this machine, else a *simulated*
-   node: a Node object without a kubelet, whose Lease the supervisor keeps renewing. A third
+   node: a Node object without a kubelet, whose Lease the supervisor keeps renewing.
+   ``demo-h200``'s plugin sets time-slice intervals (``--time-slicing-settings=true``). A third
    node, ``demo-h100-dyn`` (profile ``h100x8-mig``, ``--mig-mode=dynamic``: MIG devices are
    created for claims), is always simulated;
 3. one kubelet plugin per node (simulated GPUs) and the controller, as processes: the controller
@@ -58,6 +59,10 @@ NODE_PROFILES = {"demo-h200": "h200x8", "demo-a100": "a100x4-mig"}
 # get MIG devices created for them (docs/dynamic-mig.md).
 DYNAMIC_MIG_NODE = ("demo-h100-dyn", "h100x8-mig")
 DYNAMIC_MIG_FLAGS = ("--mig-mode", "dynamic")
+# demo-h200's plugin applies time-slice intervals to its GPUs (off by default, docs/sharing.md):
+# its simulated GPUs record the nvidia-smi commands, which the sharing example shows.
+SHARING_NODE = "demo-h200"
+SHARING_FLAGS = ("--time-slicing-settings", "true")
 # Simulated nodes carry the label GPU Feature Discovery puts on real GPU nodes.
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 REAL_NODE_LABEL = ("dra-gpu.test/real-node", "true")
@@ -169,17 +174,20 @@ class Environment:
         note_log = ""
         for name, profile in NODE_PROFILES.items():
             real = False
+            extra = SHARING_FLAGS if name == SHARING_NODE else ()
             if mode in ("auto", "yes") and not note:
-                real, note = self._try_real_node(name, profile, required=mode == "yes")
+                real, note = self._try_real_node(name, profile, required=mode == "yes", extra=extra)
                 # The supervisor's log has the failed node's own log tails.
                 note_log = "" if real else str(supervisor_log())
             if not real:
-                self._simulated_node(name, profile, note, note_log)
+                self._simulated_node(name, profile, note, note_log, extra=extra)
         self._simulated_node(*DYNAMIC_MIG_NODE, "", "", extra=DYNAMIC_MIG_FLAGS)
         self._wait_published()
         self._register_webhook()
 
-    def _try_real_node(self, name: str, profile: str, *, required: bool) -> tuple[bool, str]:
+    def _try_real_node(
+        self, name: str, profile: str, *, required: bool, extra: tuple[str, ...] = ()
+    ) -> tuple[bool, str]:
         _say(f"[demo] starting real node {name} (kubelet + containerd; built the first time)")
         try:
             from e2e.node.kubelet_node import Node
@@ -193,7 +201,11 @@ class Environment:
             return False, f"real node {name} unavailable: {reason}"
         self.nodes.append(node)
         plugin = PluginProcess.for_node(
-            node, kubeconfig=self.cluster.kubeconfig, profile=profile, healthz_port=_free_port()
+            node,
+            kubeconfig=self.cluster.kubeconfig,
+            profile=profile,
+            healthz_port=_free_port(),
+            extra=extra,
         )
         self._add_plugin(name, profile, plugin, real=True)
         return True, ""

@@ -10,7 +10,10 @@
    admission webhook refuses gets a row saying why, as ``kubectl apply`` would;
 3. waits until each pod is scheduled and its claims allocated; then reads what each container
    saw: on a real node from the container's log, on a simulated node by calling
-   NodePrepareResources as the kubelet would and resolving the returned CDI device IDs;
+   NodePrepareResources as the kubelet would and resolving the returned CDI device IDs; then the
+   dynamic-MIG example (``e2e.demo.dynamic_mig``) and the time-slicing example
+   (``e2e.demo.sharing``: the ``nvidia-smi`` commands recorded at prepare, and after its pod is
+   deleted the reset);
 4. prints the table pod → claim → node → device → what the container saw, and how to explore
    and tear down. When the nodes are simulated (no container ran), the table's heading and the
    last lines say so, why, and which log tells more. Everything stays up until
@@ -34,6 +37,7 @@ from kubernetes.client import ApiException
 from e2e import supervisor
 from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
+from e2e.demo import sharing as demo_sharing
 from e2e.demo import view as demo_view
 from e2e.demo.env import DemoState, NodeInfo
 from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
@@ -303,6 +307,10 @@ def cmd_run(_: argparse.Namespace) -> int:
     _err("[demo] applying the dynamic MIG example (a MIG device created for its claim)")
     dynamic = observe(kube, state, *demo_dynamic_mig.apply(kube))
     rows += demo_dynamic_mig.with_created(dynamic, state)
+    _err("[demo] applying the time-slicing example (the interval set on its GPU, then reset)")
+    example = demo_sharing.apply(kube, state)
+    shared = observe(kube, state, example.namespace, example.pod)
+    rows += demo_sharing.applied_and_reset(shared, kube, state, example)
     print()
     print(result_text(state, rows))
     return 0

@@ -105,10 +105,10 @@ class Kube:
             )
         )
 
-    def delete_pods(self, namespace: str, names: Iterable[str]) -> None:
+    def delete_pods(self, namespace: str, names: Iterable[str], *, grace_s: int = 1) -> None:
         for name in names:
             try:
-                self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=1)
+                self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_s)
             except client.ApiException as e:
                 if e.status != 404:
                     raise

@@ -4,11 +4,13 @@ The demo runs the controller with its admission webhook, registered for the whol
 the chart's ValidatingWebhookConfiguration, so its bad-input example (``invalid-config``) is
 refused when it is applied, and its row says so and why, instead of the pod failing at prepare.
 With simulated nodes, no container runs: the table's heading says so and why. The dynamic-MIG
-node's example gets a MIG device created for its claim, and its row shows that device.
+node's example gets a MIG device created for its claim, and its row shows that device. The
+time-slicing example's row shows the interval set on its GPU, and its reset once the pod is gone.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ import pytest
 from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
 from e2e.demo import run as demo
+from e2e.demo import sharing as demo_sharing
 from e2e.demo import view as demo_view
 from e2e.suite.kube import Kube
 
@@ -57,6 +60,15 @@ def test_bad_input_is_refused_at_admission_and_the_heading_says_no_container_ran
     assert (row.node, row.source) == (demo_env.DYNAMIC_MIG_NODE[0], "cdi")
     assert row.devices == "gpu-0-mig-3g40gb-9-4", row  # 3g and larger are placed top-down
     assert "MIG 3g.40gb" in row.saw and "created MIG-" in row.saw, row
+
+    example = demo_sharing.apply(kube, state)
+    observed = demo.observe(kube, state, example.namespace, example.pod)
+    (row,) = demo_sharing.applied_and_reset(observed, kube, state, example)
+    assert (row.node, row.source) == (demo_env.SHARING_NODE, "cdi"), row
+    applied, _, reset = row.saw.partition("pod deleted, unprepare ran (recorded):")
+    (uuid,) = re.findall(r"-i (GPU-\S+) --set-timeslice 3", applied)  # Long, on the claimed GPU
+    assert reset.split() == ["nvidia-smi", "compute-policy", "-i", uuid, "--set-timeslice", "0"]
+    assert not kube.pod_exists(example.namespace, example.pod)
 
     ending = demo.result_text(state, refused)
     assert ending.startswith("NO CONTAINER RAN: real nodes off (DRA_GPU_DEMO_REAL_NODES=no).")

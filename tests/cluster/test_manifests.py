@@ -2,6 +2,8 @@
 
 Cases:
 - the committed plain manifests (``manifests/rendered/``) are exactly what the chart renders;
+- ``kubeletPlugin.migMode=dynamic`` starts the plugin in dynamic MIG mode; static renders
+  nothing (the plugin's default), and another value fails the render;
 - every object the chart renders is accepted by the API server (server-side dry-run), for the
   default values, simulated GPUs, and both ways of getting the webhook certificate;
 - the ValidatingAdmissionPolicies: a token of the plugin's ServiceAccount bound to node A may
@@ -37,6 +39,7 @@ import yaml
 
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient, connect
+from dra_gpu.plugin import settings as plugin_settings
 from e2e import helm, waiting
 from e2e.cluster import Cluster
 from e2e.kube_json import as_body
@@ -186,6 +189,24 @@ def test_every_example_in_the_docs_is_accepted(cluster: Cluster, namespace: str)
 def test_webhook_without_a_certificate_source_does_not_render() -> None:
     with pytest.raises(RuntimeError, match="caBundle"):
         helm.render(set_values={"webhook.enabled": True})
+
+
+def _plugin_env(values: dict[str, str | bool | int]) -> dict[str, str]:
+    (plugin,) = [d for d in _docs(helm.render(set_values=values)) if d["kind"] == "DaemonSet"]
+    (ctr,) = plugin["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in ctr["env"] if "value" in e}
+
+
+def test_mig_mode_value_starts_the_plugin_in_dynamic_mode_and_leaves_static_unrendered() -> None:
+    env = _plugin_env({"kubeletPlugin.migMode": "dynamic"})
+    assert env["MIG_MODE"] == "dynamic"
+    fields = {"NODE_NAME": "n", "POD_UID": "u1"}
+    assert plugin_settings.build_settings({}, {**env, **fields}).mig_mode == "dynamic"
+    # static is the plugin's default: nothing rendered, the default manifests are unchanged
+    assert "MIG_MODE" not in _plugin_env({"kubeletPlugin.migMode": "static"})
+    assert "MIG_MODE" not in _plugin_env({})
+    with pytest.raises(RuntimeError, match='migMode must be static or dynamic, not "Dynamic"'):
+        helm.render(set_values={"kubeletPlugin.migMode": "Dynamic"})
 
 
 # ----- the ValidatingAdmissionPolicy ------------------------------------------------------
