@@ -239,9 +239,18 @@ class DeviceClass(TypedDict, total=False):
     spec: DeviceClassSpec
 
 
+class NodeSystemInfo(TypedDict, total=False):
+    kubeletVersion: str
+
+
+class NodeStatus(TypedDict, total=False):
+    nodeInfo: NodeSystemInfo
+
+
 class Node(TypedDict, total=False):
-    """What is read of a Node: its name and UID (a ResourceSlice's owner)."""
+    """What is read of a Node: its UID (a ResourceSlice's owner) and its kubelet's version."""
 
     apiVersion: str
     kind: str
     metadata: Required[ObjectMeta]
+    status: NodeStatus
