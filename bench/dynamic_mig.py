@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 import dra_gpu  # noqa: E402
 from dra_gpu.devices import naming, simulated  # noqa: E402
 from dra_gpu.devices.model import Device  # noqa: E402
+from dra_gpu.kube.objects import ResourceClaim  # noqa: E402
 from dra_gpu.kubeletplugin import slices  # noqa: E402
 from dra_gpu.mig import partitions  # noqa: E402
 
@@ -68,8 +69,8 @@ class _Claims:
     def __init__(self, body: Mapping[str, Any]) -> None:
         self.body = body
 
-    def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return self.body
+    def get_claim(self, *, namespace: str, name: str) -> ResourceClaim | None:
+        return cast(ResourceClaim, self.body)  # the benchmark's stand-in for the API's JSON
 
 
 def _claim(uid: str, device: str) -> dict[str, Any]:

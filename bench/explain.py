@@ -17,13 +17,19 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.controller import classes
 from dra_gpu.explain import analysis, cel
+from dra_gpu.kube.objects import (
+    DeviceClassSpec,
+    DeviceRequestAllocationResult,
+    ResourceClaim,
+    ResourceSlice,
+)
 from e2e.sim_slices import node_slices
 
 SELECTORS = (
@@ -34,13 +40,13 @@ SELECTORS = (
 TARGET_S = 1.0
 
 
-def cluster(nodes: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    out: list[dict[str, Any]] = []
-    claims: list[dict[str, Any]] = []
+def cluster(nodes: int) -> tuple[list[ResourceSlice], list[ResourceClaim]]:
+    out: list[ResourceSlice] = []
+    claims: list[ResourceClaim] = []
     for i in range(nodes):
         node = f"node-{i:05d}"
-        out += node_slices(node, "h200x8")
-        results = [
+        out += cast("list[ResourceSlice]", node_slices(node, "h200x8"))  # the kit's plain dicts
+        results: list[DeviceRequestAllocationResult] = [
             {"driver": DRIVER_NAME, "pool": node, "device": f"gpu-{g}", "request": "gpu"}
             for g in range(2)
         ]
@@ -59,8 +65,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     slice_objs, claims = cluster(args.nodes)
-    device_classes = {c.name: c.spec for c in classes.builtin_classes(extended_resource_name=None)}
-    claim = {
+    device_classes = {
+        c.name: cast(DeviceClassSpec, c.spec)  # the controller's plain dicts
+        for c in classes.builtin_classes(extended_resource_name=None)
+    }
+    claim: ResourceClaim = {
         "metadata": {"namespace": "bench", "name": "three-selectors", "uid": "me"},
         "spec": {
             "devices": {

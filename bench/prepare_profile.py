@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -35,6 +35,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.devices.naming import build_devices
 from dra_gpu.devices.profiles import resolve_profile
 from dra_gpu.devices.simulated import SimulatedBackend
+from dra_gpu.kube.objects import ResourceClaim
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.prepare import node_facts
 from dra_gpu.prepare.plan import ClaimRef
@@ -51,8 +52,9 @@ class MemoryClaims:
     def __init__(self, claims: Mapping[tuple[str, str], Mapping[str, Any]]) -> None:
         self._claims = claims
 
-    def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return self._claims.get((namespace, name))
+    def get_claim(self, *, namespace: str, name: str) -> ResourceClaim | None:
+        # The benchmark's stand-in for the API server's JSON.
+        return cast("ResourceClaim | None", self._claims.get((namespace, name)))
 
 
 def claim_json(uid: str, name: str, device: str) -> dict[str, Any]:

@@ -24,12 +24,13 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dra_gpu import DRIVER_NAME  # noqa: E402
+from dra_gpu.kube.objects import ResourceClaim  # noqa: E402
 from dra_gpu.kubeletplugin.ids import ClaimUID  # noqa: E402
 from dra_gpu.plugin import inventory  # noqa: E402
 from dra_gpu.prepare import node_facts  # noqa: E402
@@ -78,9 +79,13 @@ class Claims:
             },
         }
 
-    def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def get_claim(self, *, namespace: str, name: str) -> ResourceClaim | None:
         uid = name.replace("bench-", "uid-")
-        return {"metadata": {"uid": uid, "namespace": namespace, "name": name}, **self.body}
+        # The benchmark's stand-in for the API server's JSON.
+        return cast(
+            ResourceClaim,
+            {"metadata": {"uid": uid, "namespace": namespace, "name": name}, **self.body},
+        )
 
 
 def quantile(values: Sequence[float], q: float) -> float:

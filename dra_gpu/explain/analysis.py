@@ -20,8 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_gpu.explain.cel import DRIVER_REF, CelError, DeviceView, Selector, compiled, plain_value
+from dra_gpu.kube.objects import (
+    DeviceClassSpec,
+    DeviceConstraint,
+    DeviceRequest,
+    DeviceTaint,
+    DeviceToleration,
+    ExactDeviceRequest,
+    ResourceClaim,
+    ResourceSlice,
+)
 
-JSON = dict[str, Any]
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 ALL_NODES = "(all nodes)"
 MAX_SHOWN_VALUES = 5
@@ -32,7 +41,7 @@ class Device:
     key: DeviceKey
     node: str  # ALL_NODES for a pool that every node reaches
     view: DeviceView
-    taints: tuple[JSON, ...]
+    taints: tuple[DeviceTaint, ...]
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,7 @@ class Need:
     selectors: tuple[str, ...]
     all_devices: bool
     count: int
-    tolerations: tuple[JSON, ...]
+    tolerations: tuple[DeviceToleration, ...]
 
 
 @dataclass
@@ -86,7 +95,7 @@ class NeedReport:
 class Report:
     claim: str
     requests: list[NeedReport]
-    constraints: list[JSON]
+    constraints: list[DeviceConstraint]
     fits: list[str]  # nodes where the whole claim fits
     suggestions: list[str]
     notes: list[str]
@@ -99,7 +108,7 @@ class Report:
 # --- inputs -------------------------------------------------------------------------------
 
 
-def current_slices(slices: Iterable[JSON]) -> list[JSON]:
+def current_slices(slices: Iterable[ResourceSlice]) -> list[ResourceSlice]:
     """Only the newest generation of each pool (the scheduler ignores older slices)."""
     newest: dict[tuple[str, str], int] = {}
     listed = list(slices)
@@ -115,7 +124,7 @@ def current_slices(slices: Iterable[JSON]) -> list[JSON]:
     ]
 
 
-def devices_of(slices: Iterable[JSON]) -> list[Device]:
+def devices_of(slices: Iterable[ResourceSlice]) -> list[Device]:
     out = []
     for s in current_slices(slices):
         spec = s["spec"]
@@ -127,7 +136,7 @@ def devices_of(slices: Iterable[JSON]) -> list[Device]:
     return out
 
 
-def allocations(claims: Iterable[JSON], *, except_uid: str | None) -> dict[DeviceKey, str]:
+def allocations(claims: Iterable[ResourceClaim], *, except_uid: str | None) -> dict[DeviceKey, str]:
     """Device -> ``namespace/name`` of the claim it is allocated to."""
     out: dict[DeviceKey, str] = {}
     for c in claims:
@@ -141,7 +150,7 @@ def allocations(claims: Iterable[JSON], *, except_uid: str | None) -> dict[Devic
     return out
 
 
-def needs_of(request: JSON) -> list[Need]:
+def needs_of(request: DeviceRequest) -> list[Need]:
     """The alternatives of one request, in the order the scheduler tries them."""
     if "firstAvailable" in request:
         subs = request["firstAvailable"]
@@ -149,7 +158,7 @@ def needs_of(request: JSON) -> list[Need]:
     return [_need(request["name"], request.get("exactly") or request)]
 
 
-def _need(name: str, spec: JSON) -> Need:
+def _need(name: str, spec: ExactDeviceRequest) -> Need:
     mode = spec.get("allocationMode") or "ExactCount"
     return Need(
         name=name,
@@ -164,7 +173,7 @@ def _need(name: str, spec: JSON) -> Need:
 # --- per-device checks -------------------------------------------------------------------
 
 
-def _tolerated(taint: JSON, tolerations: Sequence[JSON]) -> bool:
+def _tolerated(taint: DeviceTaint, tolerations: Sequence[DeviceToleration]) -> bool:
     for t in tolerations:
         if t.get("effect") and t["effect"] != taint.get("effect"):
             continue
@@ -176,7 +185,7 @@ def _tolerated(taint: JSON, tolerations: Sequence[JSON]) -> bool:
     return False
 
 
-def _blocking_taint(device: Device, tolerations: Sequence[JSON]) -> bool:
+def _blocking_taint(device: Device, tolerations: Sequence[DeviceToleration]) -> bool:
     return any(
         t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, tolerations)
         for t in device.taints
@@ -279,7 +288,7 @@ def _assign(slots: Sequence[list[Any]]) -> bool:
 def _fits_node(
     needs: Sequence[Need],
     reports: Mapping[str, NodeCount],
-    constraints: Sequence[JSON],
+    constraints: Sequence[DeviceConstraint],
     views: Mapping[DeviceKey, DeviceView],
 ) -> bool:
     candidates: dict[str, list[DeviceKey]] = {}
@@ -291,12 +300,12 @@ def _fits_node(
     wanted = {n.name: (len(reports[n.name].matching) if n.all_devices else n.count) for n in needs}
     base = {n.name.split("/")[0]: n.name for n in needs}
 
-    def scope(c: JSON) -> list[str]:
+    def scope(c: DeviceConstraint) -> list[str]:
         return [base[r] for r in (c.get("requests") or base) if r in base]
 
     matches = [c for c in constraints if c.get("matchAttribute")]
     distinct = [c for c in constraints if c.get("distinctAttribute")]
-    choices: list[list[tuple[JSON, Any]]] = []
+    choices: list[list[tuple[DeviceConstraint, Any]]] = []
     for c in matches:
         attr = c["matchAttribute"]
         values = {_attribute(views[k], attr) for r in scope(c) for k in candidates[r]} - {None}
@@ -332,11 +341,11 @@ def _fits_node(
 
 
 def explain_claim(
-    claim: JSON,
+    claim: ResourceClaim,
     *,
-    classes: Mapping[str, Mapping[str, Any]],
-    slices: Iterable[JSON],
-    claims: Iterable[JSON],
+    classes: Mapping[str, DeviceClassSpec],
+    slices: Iterable[ResourceSlice],
+    claims: Iterable[ResourceClaim],
 ) -> Report:
     meta = claim.get("metadata") or {}
     title = f"{meta.get('namespace', '')}/{meta.get('name', '(from file)')}"

@@ -31,7 +31,6 @@ from lark.exceptions import LarkError
 from dra_gpu.config.quantity import QuantityError, to_decimal
 from dra_gpu.controller.selectors import device_accesses
 
-JSON = dict[str, Any]
 Ref = tuple[str, str, str]  # (map, domain, name); ("driver", "", "") for device.driver
 DRIVER_REF: Final[Ref] = ("driver", "", "")
 

@@ -26,11 +26,12 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 from urllib.parse import quote
 
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient
+from dra_gpu.kube.objects import Node
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ def from_answers(
     group: Mapping[str, Any] | None,
     taint_probe: Mapping[str, Any] | None,
     counter_probe: Mapping[str, Any] | None,
-    node: Mapping[str, Any] | None = None,
+    node: Node | None = None,
     class_probe: Mapping[str, Any] | None = None,
     slices_probed: bool = True,
 ) -> Capabilities:
@@ -193,7 +194,8 @@ def from_answers(
             f"{', '.join(served) or 'none'}); dra-gpu needs Kubernetes "
             f"{OLDEST[0]}.{OLDEST[1]} or later"
         )
-    kubelet_text = str(((node or {}).get("status") or {}).get("nodeInfo", {}).get("kubeletVersion"))
+    status = node.get("status") if node else None
+    kubelet_text = str((status or {}).get("nodeInfo", {}).get("kubeletVersion"))
     try:
         kubelet: KubeVersion | None = parse_version(kubelet_text)
     except ValueError:
@@ -279,7 +281,8 @@ def detect(
         taint_probe = _dry_run(client, SLICES_PATH, taint_body)
         counter_probe = _dry_run(client, SLICES_PATH, counter_body)
         try:
-            node_obj = client.request("GET", f"/api/v1/nodes/{quote(node)}")
+            # The API boundary: the server's JSON is taken to be a Node, unchecked.
+            node_obj = cast(Node, client.request("GET", f"/api/v1/nodes/{quote(node)}"))
         except errors.ApiError:
             node_obj = None
     class_answer: JSON | None = None

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from dra_gpu.kube import errors
+from dra_gpu.kube.objects import ResourceSlice
 from dra_gpu.kubeletplugin import slice_plan
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class SliceStore(Protocol):
 
     def node_uid(self) -> str: ...
 
-    def list_slices(self) -> list[JSON]: ...
+    def list_slices(self) -> list[ResourceSlice]: ...
 
     def create_slice(self, body: JSON) -> None: ...
 

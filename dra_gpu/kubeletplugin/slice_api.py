@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 from dra_gpu.kube.client import KubeClient
+from dra_gpu.kube.objects import Node, ResourceSlice
 
 JSON = dict[str, Any]
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
@@ -27,12 +28,14 @@ class SliceApi:
         self._selector = {"fieldSelector": f"spec.nodeName={node},spec.driver={driver}"}
 
     def node_uid(self) -> str:
-        node = self._client.request("GET", f"/api/v1/nodes/{quote(self._node)}")
+        # The API boundary: the server's JSON is taken to be a Node, unchecked.
+        node = cast(Node, self._client.request("GET", f"/api/v1/nodes/{quote(self._node)}"))
         return str(node["metadata"]["uid"])
 
-    def list_slices(self) -> list[JSON]:
+    def list_slices(self) -> list[ResourceSlice]:
         listed = self._client.request("GET", SLICES_PATH, query=self._selector)
-        return list(listed.get("items") or [])
+        # The API boundary: the listed items are taken to be ResourceSlices, unchecked.
+        return cast("list[ResourceSlice]", list(listed.get("items") or []))
 
     def create_slice(self, body: JSON) -> None:
         self._client.request("POST", SLICES_PATH, body=body)

@@ -34,6 +34,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dra_gpu.kube.objects import ResourceSlice
 from dra_gpu.kubeletplugin import slices
 
 JSON = dict[str, Any]
@@ -69,7 +70,7 @@ class Existing:
     resource_version: str
     pool: str
     generation: int
-    body: Mapping[str, Any]
+    body: ResourceSlice
     publisher: Instance | None = None
 
 
@@ -94,15 +95,16 @@ def publisher_annotation_key(driver: str) -> str:
     return f"{driver}/{PUBLISHER_ANNOTATION}"
 
 
-def parse_existing(item: Mapping[str, Any]) -> Existing:
+def parse_existing(item: ResourceSlice) -> Existing:
     """Existing slice from API JSON; missing fields become empty values, never exceptions."""
-    meta = item.get("metadata") or {}
-    pool = (item.get("spec") or {}).get("pool") or {}
+    raw: Mapping[str, Any] = item  # read as plain JSON: not relying on what the type guarantees
+    meta = raw.get("metadata") or {}
+    pool = (raw.get("spec") or {}).get("pool") or {}
     try:
         generation = int(pool.get("generation") or 0)
     except (TypeError, ValueError):
         generation = 0
-    driver = str((item.get("spec") or {}).get("driver", ""))
+    driver = str((raw.get("spec") or {}).get("driver", ""))
     written_by = (meta.get("annotations") or {}).get(publisher_annotation_key(driver))
     return Existing(
         name=str(meta.get("name", "")),
@@ -159,10 +161,11 @@ def _device_names(spec: Mapping[str, Any]) -> list[str]:
 def is_up_to_date(desired: Mapping[str, Any], existing: Existing) -> bool:
     """Whether ``existing`` already holds what ``desired`` (a stamped slice) says."""
     want_spec = desired["spec"]
-    have_spec = existing.body.get("spec") or {}
+    have: Mapping[str, Any] = existing.body  # as plain JSON, like ``parse_existing``
+    have_spec = have.get("spec") or {}
     key = hash_annotation_key(str(want_spec.get("driver", "")))
     want_hash = desired["metadata"]["annotations"][key]
-    have_hash = ((existing.body.get("metadata") or {}).get("annotations") or {}).get(key)
+    have_hash = ((have.get("metadata") or {}).get("annotations") or {}).get(key)
     return (
         have_hash == want_hash
         and have_spec.get("pool") == want_spec["pool"]
@@ -191,7 +194,7 @@ def _diff(desired: Sequence[JSON], existing: Sequence[Existing], generation: int
 def plan(
     *,
     desired: Sequence[Mapping[str, Any]],
-    existing: Sequence[Mapping[str, Any]],
+    existing: Sequence[ResourceSlice],
     node: str,
     driver: str,
     last_generation: int,

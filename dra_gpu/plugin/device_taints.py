@@ -25,6 +25,7 @@ from typing import Any
 from dra_gpu.devices import health_rules
 from dra_gpu.devices.health_events import HealthEvent
 from dra_gpu.devices.model import Device
+from dra_gpu.kube.objects import ResourceSlice
 
 JSON = dict[str, Any]
 MAX_TAINTS_PER_DEVICE = 16  # the API server's limit
@@ -153,7 +154,7 @@ def _parse_time(text: object) -> float | None:
 
 
 def restore(
-    published: Iterable[Mapping[str, Any]], *, driver: str, devices: Sequence[Device], now: float
+    published: Iterable[ResourceSlice], *, driver: str, devices: Sequence[Device], now: float
 ) -> Faults:
     """The faults behind the taints this driver published (before a restart) on devices that
     still exist. Their quiet period starts again at ``now``; taints of others (a
@@ -162,7 +163,8 @@ def restore(
     gpu_of_device = {d.name: d.gpu.uuid for d in devices}
     faults: dict[str, dict[str, Fault]] = {}
     for item in published:
-        for device in (item.get("spec") or {}).get("devices") or []:
+        spec = item.get("spec")
+        for device in (spec.get("devices") if spec else None) or []:
             gpu = gpu_of_device.get(str(device.get("name")))
             for t in device.get("taints") or [] if gpu is not None else []:
                 key, effect = str(t.get("key", "")), t.get("effect")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from dra_gpu.devices import health_rules
 from dra_gpu.devices.health_events import FILE_NAME, Clear, CommandFile, HealthEvent, Injected
 from dra_gpu.devices.model import Device
+from dra_gpu.kube.objects import ResourceSlice
 from dra_gpu.plugin import device_taints
 from dra_gpu.plugin.settings import Settings
 
@@ -185,7 +186,7 @@ def for_plugin(
     rules: health_rules.Rules,
     devices: Sequence[Device],
     plugin: NodePlugin,
-    published: Sequence[JSON],
+    published: Sequence[ResourceSlice],
 ) -> HealthMonitor:
     """The monitor of a plugin about to start: NVML's events on real GPUs, injected ones on
     simulated GPUs; the command file in the state directory on both. ``published``: the slices

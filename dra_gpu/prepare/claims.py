@@ -9,12 +9,12 @@ best effort: a failure to post an event is logged, never raised into prepare.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from typing import cast
 from urllib.parse import quote
 
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient
+from dra_gpu.kube.objects import ResourceClaim
 from dra_gpu.prepare import events
 from dra_gpu.prepare.plan import PlanError
 
@@ -27,10 +27,11 @@ class KubeClaimFetcher:
     def __init__(self, client: KubeClient) -> None:
         self._client = client
 
-    def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def get_claim(self, *, namespace: str, name: str) -> ResourceClaim | None:
         path = CLAIMS_PATH.format(namespace=quote(namespace), name=quote(name))
         try:
-            return self._client.request("GET", path)
+            # The API boundary: the server's JSON is taken to be a ResourceClaim, unchecked.
+            return cast(ResourceClaim, self._client.request("GET", path))
         except errors.NotFound:
             return None
         except RecursionError as err:

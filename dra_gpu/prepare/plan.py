@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from dra_gpu.config import (
     ConfigError,
@@ -40,6 +39,11 @@ from dra_gpu.config import (
 )
 from dra_gpu.devices.model import Device
 from dra_gpu.errors import UserError
+from dra_gpu.kube.objects import (
+    AllocationResult,
+    DeviceRequestAllocationResult,
+    ResourceClaim,
+)
 
 # ClaimRef is the kit's; named here too because prepare's callers have always found it here.
 from dra_gpu.kubeletplugin.driver import ClaimRef as ClaimRef
@@ -80,7 +84,7 @@ def _base_request(request: str) -> str:
     return request.split("/", 1)[0]
 
 
-def _check_identity(ref: ClaimRef, claim: Mapping[str, Any]) -> Mapping[str, Any]:
+def _check_identity(ref: ClaimRef, claim: ResourceClaim) -> AllocationResult:
     uid = (claim.get("metadata") or {}).get("uid")
     if uid != ref.uid:
         raise PlanError(
@@ -90,12 +94,12 @@ def _check_identity(ref: ClaimRef, claim: Mapping[str, Any]) -> Mapping[str, Any
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
         raise PlanError(f"claim {ref} is not allocated")
-    return dict(allocation)
+    return allocation.copy()
 
 
 def _our_results(
-    ref: ClaimRef, allocation: Mapping[str, Any], *, driver: str, pool: str
-) -> list[Mapping[str, Any]]:
+    ref: ClaimRef, allocation: AllocationResult, *, driver: str, pool: str
+) -> list[DeviceRequestAllocationResult]:
     results = [r for r in (allocation.get("devices") or {}).get("results") or ()]
     ours = [r for r in results if r.get("driver") == driver]
     if not ours:
@@ -113,12 +117,12 @@ def _our_results(
     return ours
 
 
-def _our_configs(ref: ClaimRef, allocation: Mapping[str, Any], *, driver: str) -> list[_Config]:
+def _our_configs(ref: ClaimRef, allocation: AllocationResult, *, driver: str) -> list[_Config]:
     raw = (allocation.get("devices") or {}).get("config") or ()
     configs = []
     for index, entry in enumerate(raw):
-        opaque = entry.get("opaque") or {}
-        if opaque.get("driver") != driver:
+        opaque = entry.get("opaque")
+        if not opaque or opaque.get("driver") != driver:
             continue
         source = str(entry.get("source", ""))
         where = f"config[{index}] ({source or 'unknown source'})"
@@ -188,7 +192,7 @@ def _claim_device(ref: ClaimRef, device: Device, config: DeviceConfig) -> ClaimD
 
 def plan_claim(
     ref: ClaimRef,
-    claim: Mapping[str, Any],
+    claim: ResourceClaim,
     *,
     driver: str,
     pool: str,

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeGuard
 from dra_gpu.config import ConfigError
 from dra_gpu.devices.model import Device
 from dra_gpu.errors import UserError
+from dra_gpu.kube.objects import ResourceClaim
 from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice
 
 # The kit's result type; named here too because prepare's callers have always found it here.
@@ -101,7 +102,7 @@ MIG_FAULT_STEPS: Final = ("after-mig-created",)
 
 
 class ClaimFetcher(Protocol):
-    def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def get_claim(self, *, namespace: str, name: str) -> ResourceClaim | None:
         """The ResourceClaim as API JSON, None if it does not exist; raises on other errors."""
         ...
 
@@ -135,7 +136,7 @@ class _Fetched:
     fails the claim only if the claim turns out to need the read)."""
 
     read: bool
-    claim: Mapping[str, Any] | None = None
+    claim: ResourceClaim | None = None
     error: Exception | None = None
 
 
@@ -252,7 +253,7 @@ class DeviceState:
         except Exception as exc:  # raised by _prepare_locked when it needs the claim
             return _Fetched(read=True, error=exc)
 
-    def _get(self, ref: ClaimRef) -> Mapping[str, Any] | None:
+    def _get(self, ref: ClaimRef) -> ResourceClaim | None:
         return self._claims.get_claim(namespace=ref.namespace, name=ref.name)
 
     def _prepare_one(self, ref: ClaimRef, fetched: _Fetched) -> PrepareResult:

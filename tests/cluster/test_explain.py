@@ -17,7 +17,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -25,6 +25,7 @@ from dra_gpu import DRIVER_NAME, cli
 from dra_gpu.controller import classes
 from dra_gpu.explain import analysis, source
 from dra_gpu.kube.client import KubeClient, connect
+from dra_gpu.kube.objects import ResourceClaim
 from e2e import waiting
 from e2e.cluster import Cluster
 from e2e.sim_slices import node_slices
@@ -242,8 +243,10 @@ def test_explain_agrees_with_the_scheduler(client: KubeClient) -> None:
             "metadata": {"name": name, "namespace": NS},
             "spec": {"devices": {"requests": requests, "constraints": constraints}},
         }
-        claim = client.request(
-            "POST", f"{source.RESOURCE}/namespaces/{NS}/resourceclaims", body=body
+        # The API boundary: the created claim's JSON, taken to be a ResourceClaim.
+        claim = cast(
+            ResourceClaim,
+            client.request("POST", f"{source.RESOURCE}/namespaces/{NS}/resourceclaims", body=body),
         )
         device_classes, slice_objs, claims = source.cluster_state(client)
         report = analysis.explain_claim(

@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dra_gpu.devices.model import Device
 from dra_gpu.devices.naming import build_devices
 from dra_gpu.devices.profiles import resolve_profile
 from dra_gpu.devices.simulated import SimulatedBackend
+from dra_gpu.kube.objects import ResourceClaim
 from dra_gpu.prepare import node_facts
 from dra_gpu.prepare.state import DeviceState, StateSettings
 
@@ -98,10 +99,11 @@ class FakeFetcher:
         meta = body["metadata"]
         self.claims[(meta["namespace"], meta["name"])] = body
 
-    def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def get_claim(self, *, namespace: str, name: str) -> ResourceClaim | None:
         self.calls += 1
         found = self.claims.get((namespace, name))
-        return copy.deepcopy(found) if found is not None else None
+        # Test bodies, malformed ones included: typed as what the API server would send.
+        return cast(ResourceClaim, copy.deepcopy(found)) if found is not None else None
 
 
 def device_state(

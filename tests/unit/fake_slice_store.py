@@ -7,9 +7,10 @@ import itertools
 import queue
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from dra_gpu.kube import errors
+from dra_gpu.kube.objects import ResourceSlice
 
 JSON = dict[str, Any]
 
@@ -42,10 +43,11 @@ class FakeSliceStore:
             raise errors.NotFound("nodes not found", status=404)
         return self._node_uid
 
-    def list_slices(self) -> list[JSON]:
+    def list_slices(self) -> list[ResourceSlice]:
         self._check()
         with self._lock:
-            return copy.deepcopy(list(self.slices.values()))
+            # The fake server's stored bodies, typed as what the API server would list.
+            return cast("list[ResourceSlice]", copy.deepcopy(list(self.slices.values())))
 
     def create_slice(self, body: JSON) -> None:
         self._check()

@@ -26,7 +26,7 @@ A longer run on demand::
 from __future__ import annotations
 
 import os
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from fake_claims import DRIVER, NODE, claim, config, inventory, result
 from hypothesis import HealthCheck, given, settings
@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 from dra_gpu.config import ConfigError, parse_opaque_config
 from dra_gpu.controller import admission
+from dra_gpu.kube.objects import ResourceClaim
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.prepare import cdi
 from dra_gpu.prepare.plan import ClaimRef, PlanError, plan_claim
@@ -214,7 +215,8 @@ def prepare(parameters: Any) -> tuple[str | None, list[str]]:
         configs=[config(parameters)],
     )
     try:
-        planned = plan_claim(REF, body, driver=DRIVER, pool=NODE, inventory=INVENTORY)
+        claim_json = cast(ResourceClaim, body)  # a test literal, typed as the API's JSON
+        planned = plan_claim(REF, claim_json, driver=DRIVER, pool=NODE, inventory=INVENTORY)
         devices = [d.cdi for d in planned.devices]
         spec = cdi.build_spec(
             claim_uid=REF.uid, claim_ref=str(REF), devices=devices, node=cdi.SimulatedNode()

@@ -4,7 +4,7 @@ failing selector with its values, CEL errors, constraints, and the suggestion th
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -13,6 +13,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.controller import classes
 from dra_gpu.explain import analysis, command, render
 from dra_gpu.explain.cel import CelError, DeviceView, Selector
+from dra_gpu.kube.objects import DeviceClassSpec, ResourceClaim, ResourceSlice
 from e2e.sim_slices import node_slices
 
 A = f"device.attributes['{DRIVER_NAME}']"
@@ -26,7 +27,11 @@ H200 = DeviceView(
     },
     {"memory": {"value": "143771Mi"}},
 )
-CLASSES = {c.name: c.spec for c in classes.builtin_classes(extended_resource_name=None)}
+# The controller's and the kit's plain dicts, typed as the API objects they become.
+CLASSES = {
+    c.name: cast(DeviceClassSpec, c.spec)
+    for c in classes.builtin_classes(extended_resource_name=None)
+}
 
 
 @pytest.mark.parametrize(
@@ -64,8 +69,8 @@ def test_same_values_are_evaluated_once() -> None:
     assert len(selector._memo) == 1
 
 
-SLICES = node_slices("h200", "h200x8") + node_slices("h100", "h100x8")
-BUSY = {
+SLICES = cast("list[ResourceSlice]", node_slices("h200", "h200x8") + node_slices("h100", "h100x8"))
+BUSY: ResourceClaim = {
     "metadata": {"namespace": "ns", "name": "busy", "uid": "b"},
     "status": {
         "allocation": {
@@ -85,7 +90,10 @@ def explain(requests: list[dict[str, Any]], constraints: Any = ()) -> analysis.R
         "metadata": {"namespace": "ns", "name": "c", "uid": "c"},
         "spec": {"devices": {"requests": requests, "constraints": list(constraints)}},
     }
-    return analysis.explain_claim(claim, classes=CLASSES, slices=SLICES, claims=[BUSY])
+    # Test literals, malformed ones included: typed as what the API server would send.
+    return analysis.explain_claim(
+        cast(ResourceClaim, claim), classes=CLASSES, slices=SLICES, claims=[BUSY]
+    )
 
 
 def gpus(count: int, *selectors: str, name: str = "g") -> dict[str, Any]:

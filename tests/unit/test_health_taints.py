@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from dra_gpu.devices import health_events, health_rules
 from dra_gpu.devices.health_events import Clear, HealthEvent, Injected
 from dra_gpu.devices.model import Device
+from dra_gpu.kube.objects import ResourceSlice
 from dra_gpu.kubeletplugin import device_health, slices
 from dra_gpu.plugin import device_taints, inventory
 from dra_gpu.plugin.health_monitor import HealthMonitor
@@ -76,8 +77,8 @@ def test_bad_configuration_names_the_entry(tmp_path: Path, text: str, named: str
         health_rules.load_rules(path)
 
 
-def published_slices(devs: list[Device], taints: dict[str, Any]) -> list[dict[str, Any]]:
-    return slices.build_resource_slices(
+def published_slices(devs: list[Device], taints: dict[str, Any]) -> list[ResourceSlice]:
+    built = slices.build_resource_slices(
         devices=devs,
         driver_name=DRIVER,
         node_name="n",
@@ -85,6 +86,7 @@ def published_slices(devs: list[Device], taints: dict[str, Any]) -> list[dict[st
         node_owner=None,
         taints=taints,
     )
+    return cast("list[ResourceSlice]", built)  # the kit's plain dicts, as the API would list
 
 
 def fault_on(gpu: str, kind: str = "xid", code: int = 79, at: float = T0) -> device_taints.Faults:

@@ -11,6 +11,7 @@ import pytest
 from dra_gpu.kube import capabilities, errors
 from dra_gpu.kube.capabilities import Capabilities, KubeVersion
 from dra_gpu.kube.client import KubeClient
+from dra_gpu.kube.objects import Node
 
 GROUP_1_34 = {
     "preferredVersion": {"version": "v1"},
@@ -18,8 +19,8 @@ GROUP_1_34 = {
 }
 
 
-def _node(kubelet: str) -> dict[str, Any]:
-    return {"status": {"nodeInfo": {"kubeletVersion": kubelet}}}
+def _node(kubelet: str) -> Node:
+    return {"metadata": {"name": "n"}, "status": {"nodeInfo": {"kubeletVersion": kubelet}}}
 
 
 def _answers(
@@ -158,7 +159,7 @@ def test_probes_are_dry_runs_only() -> None:
         {
             "/version": {"gitVersion": "v1.36.3"},
             "/apis/resource.k8s.io": GROUP_1_34,
-            "/api/v1/nodes/n1": _node("v1.36.3"),
+            "/api/v1/nodes/n1": dict(_node("v1.36.3")),  # as the API server sends it
         }
     )
     caps = capabilities.detect(api, driver="gpu.nvidia.com", node="n1")

@@ -10,7 +10,7 @@ Cases:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fake_claims import (
@@ -25,6 +25,7 @@ from fake_claims import (
 )
 
 from dra_gpu.config import default_mig_device_config, normalized, parse_opaque_config
+from dra_gpu.kube.objects import ResourceClaim
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.prepare.plan import ClaimPlan, ClaimRef, PlanError, plan_claim
 
@@ -34,7 +35,8 @@ REF = ClaimRef(uid=ClaimUID("uid-1"), namespace="default", name="claim-uid-1")
 
 
 def plan(body: dict[str, Any]) -> ClaimPlan:
-    return plan_claim(REF, body, driver=DRIVER, pool=NODE, inventory=INVENTORY)
+    # Test bodies, malformed ones included: typed as what the API server would send.
+    return plan_claim(REF, cast(ResourceClaim, body), driver=DRIVER, pool=NODE, inventory=INVENTORY)
 
 
 BAD = [

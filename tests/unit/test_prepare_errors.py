@@ -27,6 +27,7 @@ from fake_claims import (
     result,
 )
 
+from dra_gpu.kube.objects import ResourceClaim
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.prepare import claims
 from dra_gpu.prepare.plan import ClaimRef
@@ -87,7 +88,7 @@ def test_bad_input_is_a_warning_naming_the_field(
 
 
 class _BrokenFetcher(FakeFetcher):
-    def get_claim(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+    def get_claim(self, *, namespace: str, name: str) -> ResourceClaim | None:
         raise RuntimeError("a bug")
 
 

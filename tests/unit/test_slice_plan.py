@@ -8,10 +8,11 @@ canonicalization is not a change; tolerant parsing.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from dra_gpu.kube.objects import ResourceSlice
 from dra_gpu.kubeletplugin import slice_plan
 
 NODE = "node-a"
@@ -36,7 +37,7 @@ def body(*devices: str, memory: str = "141Gi") -> dict[str, Any]:
 def plan(desired: list[dict[str, Any]], existing: list[dict[str, Any]], last: int = 0) -> Any:
     return slice_plan.plan(
         desired=desired,
-        existing=existing,
+        existing=cast("list[ResourceSlice]", existing),  # test bodies, as the API would list
         node=NODE,
         driver=DRIVER,
         last_generation=last,
@@ -155,7 +156,8 @@ def test_empty_inventory_deletes_every_slice() -> None:
 
 
 def test_parse_existing_tolerates_missing_fields() -> None:
-    parsed = slice_plan.parse_existing({"metadata": {"name": "x"}, "spec": {"pool": {}}})
+    malformed = cast(ResourceSlice, {"metadata": {"name": "x"}, "spec": {"pool": {}}})
+    parsed = slice_plan.parse_existing(malformed)
     assert (parsed.name, parsed.generation, parsed.pool) == ("x", 0, "")
 
 
@@ -175,9 +177,9 @@ def plan_as(instance: slice_plan.Instance, desired: list[dict[str, Any]], existi
     )
 
 
-def written_by(instance: slice_plan.Instance, *devices: str) -> list[dict[str, Any]]:
+def written_by(instance: slice_plan.Instance, *devices: str) -> list[ResourceSlice]:
     first = plan_as(instance, [body(*devices)], [])
-    return [as_stored(b, i) for i, b in enumerate(first.creates)]
+    return cast("list[ResourceSlice]", [as_stored(b, i) for i, b in enumerate(first.creates)])
 
 
 def test_newer_instance_takes_over_a_pool_an_older_one_wrote() -> None:
