@@ -12,7 +12,9 @@ from dra_gpu.devices.naming import build_devices
 from dra_gpu.devices.profiles import resolve_profile
 from dra_gpu.devices.simulated import SimulatedBackend
 from dra_gpu.kube.objects import ResourceClaim
+from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.prepare import node_facts
+from dra_gpu.prepare.plan import ClaimRef
 from dra_gpu.prepare.state import DeviceState, StateSettings
 
 DRIVER = "gpu.nvidia.com"
@@ -84,6 +86,11 @@ def claim(
             "devices": {"results": list(results), "config": list(configs)}
         }
     return body
+
+
+def ref(uid: str) -> ClaimRef:
+    """A claim of the default namespace, named after its UID."""
+    return ClaimRef(uid=ClaimUID(uid), namespace="default", name=f"claim-{uid}")
 
 
 class FakeFetcher:

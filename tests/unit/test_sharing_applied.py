@@ -38,6 +38,7 @@ from fake_claims import (
     gpu_config,
     inventory,
     mig_config,
+    ref,
     result,
 )
 
@@ -45,7 +46,6 @@ from dra_gpu.kubeletplugin.ids import ClaimUID, DeviceName
 from dra_gpu.prepare import cdi
 from dra_gpu.prepare.cdi_validate import validate_spec
 from dra_gpu.prepare.checkpoint import CheckpointStore
-from dra_gpu.prepare.plan import ClaimRef
 from dra_gpu.prepare.state import DeviceState
 from dra_gpu.sharing import mps
 from dra_gpu.sharing.applied import Sharing, Switches
@@ -90,10 +90,6 @@ def crash_at(target: str) -> Callable[[str], None]:
             raise _Crash(step)
 
     return fault
-
-
-def ref(uid: str) -> ClaimRef:
-    return ClaimRef(uid=ClaimUID(uid), namespace="default", name=f"claim-{uid}")
 
 
 def sliced(interval: str) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from fake_claims import (
     gpu_config,
     inventory,
     mig_config,
+    ref,
     result,
 )
 
@@ -60,16 +61,11 @@ from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.prepare import cdi
 from dra_gpu.prepare.cdi_validate import validate_spec
 from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
-from dra_gpu.prepare.plan import ClaimRef
 from dra_gpu.prepare.state import FAULT_STEPS, DeviceState
 from e2e import waiting
 
 INVENTORY = inventory()
 MIG = "gpu-1-mig-1g5gb-19-2"
-
-
-def ref(uid: str) -> ClaimRef:
-    return ClaimRef(uid=ClaimUID(uid), namespace="default", name=f"claim-{uid}")
 
 
 class Env:
