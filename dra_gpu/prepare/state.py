@@ -396,6 +396,8 @@ class DeviceState:
 
     def _undo_sharing(self, uid: ClaimUID) -> None:
         """Undo the claim's sharing settings; raises SharingError (the kubelet retries)."""
+        if not self._sharing.active:
+            return  # nothing was applied: no second checkpoint read (file lock) per unprepare
         claims = self.store.load().claims
         try:
             devices = records.claim_devices(claims[uid])
@@ -408,6 +410,8 @@ class DeviceState:
 
     def _repair_sharing(self, checkpoint: Checkpoint) -> list[str]:
         """Make the GPUs and MPS daemons match the completed claims (``Sharing.repair``)."""
+        if not self._sharing.active:
+            return []
         completed = {}
         for uid, record in checkpoint.claims.items():
             if record.state != PREPARE_COMPLETED:

@@ -63,6 +63,11 @@ class Sharing:
         return cls(runner=RecordingRunner(recording_path(state_dir)), state_dir=state_dir)
 
     @property
+    def active(self) -> bool:
+        """Whether any strategy is applied (off: prepare and unprepare skip sharing's reads)."""
+        return self.switches.time_slicing or self.switches.mps
+
+    @property
     def _mps(self) -> mps.MpsControl:
         return mps.MpsControl(self.runner, self.state_dir)
 
