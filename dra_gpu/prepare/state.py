@@ -6,9 +6,13 @@ Prepare, per claim (claims of one call are independent: each gets its own result
    (idempotent, and no API call, so a repeated prepare works while the API server is down).
 2. Fetch the claim (:class:`ClaimFetcher`), plan it (:func:`plan.plan_claim`: UID, allocation,
    driver, pool, devices, config) and build its CDI spec: all pure, nothing written yet.
-3. Record ``PrepareStarted`` (refused if a device is held by another claim and not shared);
-   apply the sharing settings (``dra_gpu.sharing``: time-slice interval, MPS daemon); write the
-   CDI spec; record ``PrepareCompleted`` durably; answer.
+3. Only when the prepare changes something outside the plugin's files (sharing switched on, or
+   a dynamic MIG device to create): record ``PrepareStarted`` (refused if a device is held by
+   another claim and not shared), create the MIG device, apply the sharing settings
+   (``dra_gpu.sharing``: time-slice interval, MPS daemon).
+4. Write the CDI spec under a temp name; record ``PrepareCompleted`` durably (with the check
+   against other claims' devices, if no ``PrepareStarted`` ran it); rename the spec into place;
+   answer. A plain claim thus costs one checkpoint write, like the Go reference's.
 
 Unprepare: remove the CDI spec, undo the sharing settings, then drop the record durably. An
 unknown claim is success. Start-up makes the sharing settings match the completed claims.
@@ -17,7 +21,8 @@ Crash safety follows from that order, checked on :meth:`DeviceState.start` (whic
 runs before serving, under the node-wide call lock, so in a rolling update the other instance's
 call in progress is never mistaken for a crash's leftovers):
 a ``PrepareStarted`` record is a prepare the kubelet never got an answer for, so it is rolled
-back (spec removed, record dropped) and the kubelet's retry starts over; a completed claim whose
+back (spec removed, settings undone, record dropped) and the kubelet's retry starts over; a
+spec still under its temp name is removed with the other temp files; a completed claim whose
 spec is missing (or any completed claim after a reboot, i.e. a new boot ID, since /var/run is
 gone) gets its spec rebuilt from the record; temp files of killed writers are removed.
 
@@ -89,15 +94,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FAULT_STEPS: Final = (
-    "after-checkpoint-started",
-    "after-sharing-applied",
-    "after-cdi-written",
+    "after-spec-staged",
     "after-checkpoint-completed",
+    "after-cdi-written",
     "unprepare-after-cdi-removed",
     "unprepare-after-checkpoint-removed",
 )
 
-# Reached only by prepares that create a dynamic MIG device (a node with --mig-mode=dynamic).
+# Reached only by prepares that change something outside the plugin's files: with time-slicing
+# or MPS switched on, or on a node with --mig-mode=dynamic (the last one only when a MIG device
+# is created).
+SIDE_EFFECT_FAULT_STEPS: Final = ("after-checkpoint-started", "after-sharing-applied")
 MIG_FAULT_STEPS: Final = ("after-mig-created",)
 
 
@@ -300,30 +307,52 @@ class DeviceState:
             made = self._with_mig_devices(plan, inventory)  # those it has (in the ledger)
             if made is not None:
                 plan, spec = made
-            completed = records.claim_record(plan, state=PREPARE_COMPLETED)
-            self.store.update(self._recorded(plan, completed), durable=True)
+            rebuilt = records.claim_record(plan, state=PREPARE_COMPLETED)
+            self.store.update(self._recorded(plan, rebuilt), durable=True)
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
             log.info("prepared %s (%s) again, record rebuilt from its spec completed", ref, ref.uid)
-            return records.prepared_devices(completed)
-        started = records.claim_record(plan, state=PREPARE_STARTED)
-        self.store.update(self._recorded(plan, started), durable=False)
-        self._fault("after-checkpoint-started")
+            return records.prepared_devices(rebuilt)
+        started: ClaimRecord | None = None
+        if self._sharing.active or (self._mig is not None and _partitions(plan, inventory)):
+            # A change outside the plugin's own files (a MIG device created, a GPU's sharing
+            # set) is recorded before it is made, so that a crash before the answer undoes it.
+            started = records.claim_record(plan, state=PREPARE_STARTED)
+            self.store.update(self._recorded(plan, started), durable=False)
+            self._fault("after-checkpoint-started")
+        staged: cdi.StagedSpec | None = None
+        recorded = started is not None
         try:
-            made = self._with_mig_devices(plan, inventory)
-            if made is not None:
-                plan, spec = made
-                devices = [d.cdi for d in plan.devices]
-                self._fault("after-mig-created")
-            self._sharing.apply(ref.uid, devices)
-            self._fault("after-sharing-applied")
-            cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
-            self._fault("after-cdi-written")
-            # The started record, completed: its devices were validated when it was built.
-            completed = started.model_copy(update={"state": PREPARE_COMPLETED})
-            self.store.update(lambda cp: cp.with_claim(ref.uid, completed), durable=True)
+            if started is not None:
+                made = self._with_mig_devices(plan, inventory)
+                if made is not None:
+                    plan, spec = made
+                    devices = [d.cdi for d in plan.devices]
+                    self._fault("after-mig-created")
+                self._sharing.apply(ref.uid, devices)
+                self._fault("after-sharing-applied")
+            # The spec waits under a temp name until the record is durable: a crash before that
+            # leaves a temp file (start removes it), never a spec without a record (which start
+            # would adopt as prepared); a crash after it leaves a completed record whose spec
+            # start rebuilds.
+            staged = cdi.stage_spec(self.settings.cdi_root, ref.uid, spec)
+            self._fault("after-spec-staged")
+            if started is None:
+                # The check against other claims' devices runs in this write.
+                completed = records.claim_record(plan, state=PREPARE_COMPLETED)
+                self.store.update(self._recorded(plan, completed), durable=True)
+                recorded = True
+            else:
+                # The started record, completed: its devices were validated when it was built.
+                completed = started.model_copy(update={"state": PREPARE_COMPLETED})
+                self.store.update(lambda cp: cp.with_claim(ref.uid, completed), durable=True)
+            self._fault("after-checkpoint-completed")
+            staged.put_in_place()
         except Exception:
-            self._roll_back(ref.uid, devices)
+            if staged is not None:
+                staged.discard()
+            self._roll_back(ref.uid, devices, recorded=recorded)
             raise
+        self._fault("after-cdi-written")
         self._fault("after-checkpoint-completed")
         log.info("prepared %s (%s): %s", ref, ref.uid, ", ".join(d.cdi.name for d in plan.devices))
         return records.prepared_devices(completed)
@@ -359,7 +388,11 @@ class DeviceState:
 
         return mutate
 
-    def _roll_back(self, uid: ClaimUID, devices: Sequence[cdi.ClaimDevice]) -> None:
+    def _roll_back(
+        self, uid: ClaimUID, devices: Sequence[cdi.ClaimDevice], *, recorded: bool
+    ) -> None:
+        """Undo a prepare that failed; ``recorded``: whether a record of it may be in the
+        checkpoint."""
         try:
             cdi.remove_spec(self.settings.cdi_root, uid)
             try:
@@ -368,7 +401,8 @@ class DeviceState:
                 log.error("rolling back claim %s: %s", uid, exc)
             if self._mig is not None:
                 self._mig.release(uid)
-            self.store.update(lambda cp: cp.without_claim(uid), durable=False)
+            if recorded:
+                self.store.update(lambda cp: cp.without_claim(uid), durable=False)
         except Exception:
             log.exception("rolling back claim %s failed; the next start cleans it up", uid)
 

@@ -1,5 +1,6 @@
 """``python tests/cluster/crash_plugin.py STEP ARGS...``: ``dra-gpu ARGS...`` that SIGKILLs itself
-the first time prepare or unprepare reaches STEP (``state.FAULT_STEPS``, ``MIG_FAULT_STEPS``).
+the first time prepare or unprepare reaches STEP (``state.FAULT_STEPS``,
+``SIDE_EFFECT_FAULT_STEPS``, ``MIG_FAULT_STEPS``).
 
 The crash tests start the plugin through this instead of ``python -m dra_gpu``, so the shipped
 program has no failpoints: the step is installed here, as the ``fault`` collaborator of the
@@ -17,14 +18,19 @@ from collections.abc import Callable, Sequence
 
 from dra_gpu import cli
 from dra_gpu.plugin import prepare_core
-from dra_gpu.prepare.state import FAULT_STEPS, MIG_FAULT_STEPS, DeviceState
+from dra_gpu.prepare.state import (
+    FAULT_STEPS,
+    MIG_FAULT_STEPS,
+    SIDE_EFFECT_FAULT_STEPS,
+    DeviceState,
+)
 
 log = logging.getLogger("crash_plugin")
 
 
 def kill_at(target: str) -> Callable[[str], None]:
     """A fault function that SIGKILLs this process when ``step == target``."""
-    steps = (*FAULT_STEPS, *MIG_FAULT_STEPS)
+    steps = (*FAULT_STEPS, *SIDE_EFFECT_FAULT_STEPS, *MIG_FAULT_STEPS)
     if target not in steps:
         raise ValueError(f"{target!r} is not a step: {', '.join(steps)}")
 

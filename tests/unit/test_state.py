@@ -60,8 +60,10 @@ from dra_gpu.kubeletplugin import atomicfile, call_lock
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.prepare import cdi
 from dra_gpu.prepare.cdi_validate import validate_spec
-from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
-from dra_gpu.prepare.state import FAULT_STEPS, DeviceState
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, CheckpointStore
+from dra_gpu.prepare.state import FAULT_STEPS, SIDE_EFFECT_FAULT_STEPS, DeviceState
+from dra_gpu.sharing.applied import Sharing, Switches
+from dra_gpu.sharing.runner import RecordingRunner
 from e2e import waiting
 
 INVENTORY = inventory()
@@ -229,6 +231,26 @@ def test_device_of_another_claim_is_refused_unless_shared(env: Env) -> None:
     assert [out[ClaimUID(u)].error for u in ("a", "b")] == ["", ""]
 
 
+def time_slicing(env: Env) -> Sharing:
+    """Time-slicing switched on, its nvidia-smi commands recorded in the state directory."""
+    return Sharing(
+        runner=RecordingRunner(env.state_dir / "commands.jsonl"),
+        state_dir=env.state_dir,
+        switches=Switches(time_slicing=True),
+    )
+
+
+def interrupted(env: Env, uid: str) -> None:
+    """Leave what a crash leaves of a prepare that changes a GPU (time-slicing switched on): a
+    ``PrepareStarted`` record and the claim's spec still under its temp name."""
+    with pytest.raises(_Crash):
+        env.state(sharing=time_slicing(env), fault=_raise_at("after-spec-staged")).prepare(
+            [ref(uid)]
+        )
+    assert env.checkpoint_claims()[uid] == PREPARE_STARTED
+    assert uid not in env.specs()
+
+
 def test_start_recovers_after_restart_and_reboot(env: Env) -> None:
     for uid in ("done", "lost-spec", "started"):
         env.fetcher.add(
@@ -238,10 +260,7 @@ def test_start_recovers_after_restart_and_reboot(env: Env) -> None:
         )
     state = env.state()
     state.prepare([ref("done"), ref("lost-spec")])
-    # An interrupted prepare: record PrepareStarted left behind, spec written.
-    crashing = env.state(fault=_raise_at("after-cdi-written"))
-    with pytest.raises(_Crash):
-        crashing.prepare([ref("started")])
+    interrupted(env, "started")
     cdi.spec_path(env.cdi_root, ClaimUID("lost-spec")).unlink()
     # A prepared claim whose record the checkpoint lost.
     env.fetcher.add(claim("no-record", [result("gpu-2-mig-2g10gb-14-4")]))
@@ -362,20 +381,29 @@ def _snapshot_at(target: str, src: Path, dst: Path) -> Callable[[str], None]:
     return fault
 
 
-@pytest.mark.parametrize("step", FAULT_STEPS)
-def test_crash_at_each_step_then_restart(tmp_path: Path, step: str) -> None:
+@pytest.mark.parametrize(
+    ("step", "sharing"),
+    [(step, False) for step in FAULT_STEPS]
+    + [(step, True) for step in (*SIDE_EFFECT_FAULT_STEPS, *FAULT_STEPS)],
+)
+def test_crash_at_each_step_then_restart(tmp_path: Path, step: str, sharing: bool) -> None:
+    """``sharing``: time-slicing switched on, so prepare records PrepareStarted first."""
     live, frozen = Env(tmp_path / "live"), Env(tmp_path / "frozen")
     for e in (live, frozen):
         e.fetcher.add(claim("u1", [result("gpu-0"), result(MIG, "mig")]))
     (live.root).mkdir()
+
+    def state(env: Env, **kwargs: Any) -> DeviceState:
+        return env.state(sharing=time_slicing(env), **kwargs) if sharing else env.state(**kwargs)
+
     unprepare = step.startswith("unprepare")
     if unprepare:
-        live.state().prepare([ref("u1")])
-    crashing = live.state(fault=_snapshot_at(step, live.root, frozen.root))
+        state(live).prepare([ref("u1")])
+    crashing = state(live, fault=_snapshot_at(step, live.root, frozen.root))
     with pytest.raises(_Crash):
         (crashing.unprepare if unprepare else crashing.prepare)([ref("u1")])
 
-    restarted = frozen.state()  # the process that comes back sees exactly the frozen disk
+    restarted = state(frozen)  # the process that comes back sees exactly the frozen disk
     restarted.start()
     if unprepare:
         assert restarted.unprepare([ref("u1")]) == {"u1": ""}
@@ -479,7 +507,8 @@ def test_prepared_devices_are_those_of_prepared_claims(env: Env) -> None:
 
 
 # Runs a prepare in a child process that SIGKILLs itself at its Nth atomic rename, i.e. with that
-# file's temp copy written and not yet renamed (1: the PrepareStarted checkpoint, 2: the spec).
+# file's temp copy written and not yet renamed (1: the PrepareCompleted checkpoint, with the spec
+# staged under its temp name; 2: the spec, its record durable).
 _KILLED_MID_WRITE = """
 import os, signal, sys
 from pathlib import Path
@@ -501,9 +530,9 @@ state.prepare([ClaimRef(uid=ClaimUID("u1"), namespace="default", name="claim-u1"
 """
 
 
-@pytest.mark.parametrize("kill_at", [1, 2], ids=["checkpoint", "cdi-spec"])
+@pytest.mark.parametrize(("kill_at", "temps"), [(1, 2), (2, 1)], ids=["checkpoint", "cdi-spec"])
 def test_sigkill_mid_write_leaves_a_temp_file_the_next_start_removes(
-    env: Env, kill_at: int
+    env: Env, kill_at: int, temps: int
 ) -> None:
     child = subprocess.run(
         [sys.executable, "-c", _KILLED_MID_WRITE, str(env.root), str(kill_at)],
@@ -520,10 +549,13 @@ def test_sigkill_mid_write_leaves_a_temp_file_the_next_start_removes(
         )
 
     left = [n for n in temp_files() if ".tmp-" in n]
-    assert len(left) == 1, f"the kill left no temp file: {temp_files()}"
+    assert len(left) == temps, f"the kill left other temp files: {temp_files()}"
     report = env.state().start()
     assert [n for n in temp_files() if ".tmp-" in n] == []
-    assert report.temp_files_removed == 1
+    assert report.temp_files_removed == temps
+    # Killed before its rename, the record is not there (nothing to repair); killed before the
+    # spec's rename, the record is durable and start puts its spec in place.
+    assert report.rewritten == (() if kill_at == 1 else ("u1",))
     env.fetcher.add(claim("u1", [result("gpu-0")]))
     assert env.state().prepare([ref("u1")])[ClaimUID("u1")].error == ""
     assert env.specs() == {"u1"} and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
@@ -561,8 +593,7 @@ def test_start_on_a_full_state_disk_serves(env: Env, small_state_disk: Path) -> 
     env.fetcher.add(claim("u2", [result(MIG, "mig")]))
     env.fetcher.add(claim("u3", [result("gpu-1-mig-2g10gb-14-0")]))
     answer = env.state().prepare([ref("u1")])
-    with pytest.raises(_Crash):  # something for start to settle
-        env.state(fault=_raise_at("after-cdi-written")).prepare([ref("u2")])
+    interrupted(env, "u2")  # something for start to settle
     filler = _fill(small_state_disk)
 
     report = env.state().start()
@@ -590,3 +621,18 @@ def test_claim_is_read_while_a_checkpoint_commit_is_in_progress(env: Env) -> Non
     # A commit in progress.
     prepare_reads_then_waits(env, state, atomicfile.locked(env.state_dir / "checkpoint.lock"))
     assert env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
+
+
+def test_a_plain_claim_costs_one_checkpoint_write_each_way(env: Env) -> None:
+    """What /metrics shows as checkpoint writes: a claim that changes nothing outside the plugin's
+    files is recorded once on prepare and once on unprepare, both fsynced."""
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    state = env.state()
+    state.prepare([ref("u1")])
+    assert state.store.writes == (1, 1)
+    state.unprepare([ref("u1")])
+    assert state.store.writes == (2, 2)
+
+    shared = env.state(sharing=time_slicing(env))
+    shared.prepare([ref("u1")])
+    assert shared.store.writes == (2, 1), "with sharing on, PrepareStarted is recorded first"
