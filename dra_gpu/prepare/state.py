@@ -409,7 +409,10 @@ class DeviceState:
     def _unprepare_one(self, ref: ClaimRef) -> str:
         try:
             with self._locks.hold(ref.uid):
-                known = ref.uid in self.store.load().claims
+                # The copy in memory answers for a claim this process prepared (the usual case)
+                # without the file lock and a stat; only "not known" is checked on disk, since
+                # another instance may have recorded it since.
+                known = ref.uid in self.store.peek().claims or ref.uid in self.store.load().claims
                 cdi.remove_spec(self.settings.cdi_root, ref.uid)
                 if self._mig is not None:
                     self._mig.release(ref.uid)  # before the record: a crash destroys again
@@ -432,9 +435,11 @@ class DeviceState:
         """Undo the claim's sharing settings; raises SharingError (the kubelet retries)."""
         if not self._sharing.active:
             return  # nothing was applied: no second checkpoint read (file lock) per unprepare
-        claims = self.store.load().claims
+        record = self.store.load().claims.get(uid)
+        if record is None:
+            return  # unprepared by the other instance meanwhile (a rolling update)
         try:
-            devices = records.claim_devices(claims[uid])
+            devices = records.claim_devices(record)
         except (records.RecordIncomplete, ConfigError):
             return  # an older plugin's (or a rebuilt) record: no settings were applied
         self._sharing.undo(uid, devices, lambda: self._other_claims(uid))
