@@ -277,7 +277,7 @@ class Pool:
             line = conn.rfile.readline(MAX_LINE + 1)
         except TimeoutError as err:
             raise TimeoutError(f"no answer from {self._netloc} within {timeout:g} s") from err
-        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as err:
+        except (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError) as err:
             raise _Unanswered(f"{self._netloc} closed the connection: {err}") from err
         if not line:
             raise _Unanswered(f"{self._netloc} closed the connection without an answer")
