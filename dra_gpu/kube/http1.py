@@ -124,7 +124,6 @@ class Pool:
             raise InvalidRequest(f"server URL must be http:// or https://host[:port], not {url!r}")
         if parts.scheme == "https" and ssl_context is None:
             raise InvalidRequest(f"https server {url!r} needs an ssl_context")
-        self.url = url
         self._netloc = parts.netloc
         self._address = (parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
         self._tls = ssl_context if parts.scheme == "https" else None
@@ -153,9 +152,10 @@ class Pool:
                 self._target_prefix = f"http://{self._netloc}"
         # Sent with every request; proxy headers too when the proxy sees each request.
         self._fixed = f"Host: {self._netloc}\r\n"
+        self._fixed_lines = 1
         if proxy and not self._tunnel:
             self._fixed += proxy_lines
-        self._fixed_lines = self._fixed.count("\r\n")
+            self._fixed_lines += len(proxy_headers or {})
         _checked(self._fixed, self._fixed_lines)
 
     # ----- requests ------------------------------------------------------------------------

@@ -63,6 +63,7 @@ ANSWERS: dict[str, tuple[bytes, bool]] = {
     "/length": (_answer(OBJ), True),
     "/chunked": (_chunked(OBJ[:7], OBJ[7:], trailers=("X-Checksum: 1",)), True),
     "/close": (_answer(OBJ, headers=("Connection: close",)), False),
+    "/continue": (b"HTTP/1.1 100 Continue\r\n\r\n" + _answer(OBJ), True),
     "/http10": (b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + OBJ, False),
     "/then-close": (_answer(OBJ), False),  # looks keep-alive, then the server closes it
     "/missing": (
@@ -212,7 +213,7 @@ def client(server: Server, client_tls: ssl.SSLContext) -> KubeClient:
 # ----- bodies ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/length", "/chunked", "/close", "/http10"])
+@pytest.mark.parametrize("path", ["/length", "/chunked", "/close", "/http10", "/continue"])
 def test_every_framing_reads_the_whole_body(client: KubeClient, path: str) -> None:
     assert client.request("GET", path) == OBJECT
     assert client.request("GET", path) == OBJECT  # the connection after it is usable or new
@@ -254,6 +255,29 @@ def test_keep_alive_reuses_one_connection(client: KubeClient, server: Server) ->
     client.request("POST", "/length", body={"a": 1})
     assert len(server.requests) == 4
     assert server.accepted == 1
+
+
+def test_more_connections_than_kept_may_be_open_and_only_those_kept_are_reused(
+    server: Server, client_tls: ssl.SSLContext
+) -> None:
+    client = KubeClient(http1.Pool(server.url, ssl_context=client_tls, keep=2), auth_headers=dict)
+    answers: list[dict[str, Any]] = []
+
+    def burst() -> None:
+        threads = [
+            threading.Thread(target=lambda: answers.append(client.request("GET", "/slow")))
+            for _ in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    burst()
+    assert server.accepted == 4  # none waits for another's connection
+    burst()
+    assert server.accepted == 6  # two were kept, two are new
+    assert answers == [OBJECT] * 8
 
 
 def test_connection_close_and_http10_are_not_reused(client: KubeClient, server: Server) -> None:
