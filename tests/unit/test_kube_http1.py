@@ -187,9 +187,11 @@ def plain_server() -> Iterator[Server]:
     yield from _start(None)
 
 
-def _start(tls: ssl.SSLContext | None) -> Iterator[Server]:
-    listener = socket.create_server(("127.0.0.1", 0))
-    server = Server(f"{'https' if tls else 'http'}://127.0.0.1:{listener.getsockname()[1]}")
+def _start(tls: ssl.SSLContext | None, host: str = "127.0.0.1") -> Iterator[Server]:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host, 0), family=family)
+    netloc = f"[{host}]" if ":" in host else host
+    server = Server(f"{'https' if tls else 'http'}://{netloc}:{listener.getsockname()[1]}")
     threading.Thread(target=_run, args=(listener, server, tls), daemon=True).start()
     yield server
     listener.close()
@@ -229,6 +231,12 @@ def test_plain_http(plain_server: Server) -> None:
     assert client.request("GET", "/chunked") == OBJECT
     assert client.request("POST", "/length", body={"a": 1}) == OBJECT
     assert plain_server.accepted == 1
+
+
+def test_ipv6_literal_server(server_tls: ssl.SSLContext, client_tls: ssl.SSLContext) -> None:
+    # An in-cluster client's KUBERNETES_SERVICE_HOST may be an IPv6 address.
+    for server in _start(server_tls, "::1"):
+        assert make_client(server, client_tls).request("GET", "/length") == OBJECT
 
 
 def test_several_warning_headers_are_kept(client: KubeClient) -> None:
