@@ -9,5 +9,5 @@ Layers (core modules never import an API client; only the I/O modules do):
 - I/O: :mod:`reconciling` (keeps classes applied), :mod:`electing` (Lease loop),
   :mod:`serving` (HTTPS server), :mod:`certs` (certificates), :mod:`command` (the
   ``dra-gpu controller`` subcommand and its lifecycle). API requests go through the shared
-  :mod:`dra_gpu.kube.client` (JSON over urllib3), as the kubelet plugin's do.
+  :mod:`dra_gpu.kube.client` (JSON over HTTP/1.1), as the kubelet plugin's do.
 """

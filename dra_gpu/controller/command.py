@@ -178,8 +178,6 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # urllib3 logs every connection retry as a warning; our loops retry and log once instead.
-    logging.getLogger("urllib3").setLevel(logging.ERROR)
     from dra_gpu import metrics
     from dra_gpu.controller import classes, reconciling
     from dra_gpu.kube import capabilities

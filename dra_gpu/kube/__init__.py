@@ -3,9 +3,10 @@
 - :mod:`errors`: one error hierarchy by HTTP status (standard library only, so core logic may
   catch these without loading any client).
 - :mod:`credentials`: the service account or a kubeconfig, read with the standard library.
-- :mod:`client`: JSON requests, watches and the server's warnings over a urllib3 pool.
+- :mod:`http1`: the HTTP/1.1 transport (persistent connections, hand-parsed answers).
+- :mod:`client`: JSON requests, watches and the server's warnings over :mod:`http1`.
 
 The official ``kubernetes`` client is imported only for kubeconfigs that need its loader (exec
 plugins, auth providers, proxies), so a node plugin's start-up time and memory stay small.
-This package re-exports nothing: importing ``errors`` must not pull in urllib3.
+This package re-exports nothing: importing ``errors`` must not pull in the transport.
 """

@@ -1,4 +1,4 @@
-"""JSON requests and watches against one API server, over a urllib3 pool.
+"""JSON requests and watches against one API server, over :mod:`http1` connections.
 
 Design:
 - Bodies stay plain dicts: the plugin builds ResourceSlices as dicts, and the controller compares
@@ -8,17 +8,19 @@ Design:
   the official client, lazily (:func:`connect`).
 - Every failure leaves this module as an :mod:`errors` type: HTTP statuses and watch ERROR
   events are mapped by ``errors.from_status``; connection errors and timeouts are
-  ``ApiUnavailable``. urllib3 does not retry by itself: the callers' loops retry and log once.
+  ``ApiUnavailable``. The transport retries only a GET whose reused connection broke before
+  any answer; otherwise the callers' loops retry and log once.
 - Every request has a timeout, so no thread hangs on a dead API server.
 - :meth:`KubeClient.call` also returns the server's ``Warning`` headers (admission webhooks and
   deprecations speak through them); :meth:`KubeClient.request` is the body alone.
-- Thread-safe like the urllib3 pool under it, which keeps :data:`POOL_CONNECTIONS` open.
+- Thread-safe like the pool under it, which keeps :data:`POOL_CONNECTIONS` idle connections.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -26,9 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-import urllib3
-
-from dra_gpu.kube import credentials, errors
+from dra_gpu.kube import credentials, errors, http1
 
 JSON = dict[str, Any]
 CONNECT_TIMEOUT_S = 5.0
@@ -65,50 +65,18 @@ def parse_warnings(headers: Iterable[str]) -> tuple[str, ...]:
 class KubeClient:
     """An authenticated connection to one API server."""
 
-    def __init__(
-        self, *, host: str, pool: urllib3.PoolManager, auth_headers: Callable[[], dict[str, str]]
-    ) -> None:
-        self._host = host.rstrip("/")
+    def __init__(self, pool: http1.Pool, *, auth_headers: Callable[[], dict[str, str]]) -> None:
         self._pool = pool
         self._auth_headers = auth_headers
 
-    def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None,
-        body: Mapping[str, Any] | None,
-        timeout: urllib3.Timeout,
-        stream: bool,
-    ) -> urllib3.BaseHTTPResponse:
-        url = self._host + path + (f"?{urlencode(query)}" if query else "")
+    def _headers(self, request: str, body: Mapping[str, Any] | None) -> dict[str, str]:
         try:
             headers = {"Accept": "application/json", **self._auth_headers()}
         except credentials.CredentialsError as err:
-            raise errors.ApiError(str(err), request=f"{method} {path}") from err
-        data = None
+            raise errors.ApiError(str(err), request=request) from err
         if body is not None:
             headers["Content-Type"] = "application/json"
-            data = json.dumps(body).encode()
-        try:
-            resp = self._pool.request(
-                method,
-                url,
-                body=data,
-                headers=headers,
-                timeout=timeout,
-                retries=False,
-                preload_content=not stream,
-            )
-            if 200 <= resp.status < 300:
-                return resp
-            raw = resp.data if not stream else resp.read()
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise errors.ApiUnavailable(str(err), request=f"{method} {path}") from err
-        if stream:
-            resp.release_conn()
-        raise _error(resp.status, raw, request=f"{method} {path}")
+        return headers
 
     def call(
         self,
@@ -120,15 +88,25 @@ class KubeClient:
         timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> Reply:
         """One request: the decoded JSON answer and the server's warnings, or an ApiError."""
-        timeout = urllib3.Timeout(connect=min(CONNECT_TIMEOUT_S, timeout_s), read=timeout_s)
-        resp = self._send(method, path, query=query, body=body, timeout=timeout, stream=False)
+        request = f"{method} {path}"
+        headers = self._headers(request, body)
+        data = json.dumps(body).encode() if body is not None else None
+        timeouts = http1.Timeouts(connect=min(CONNECT_TIMEOUT_S, timeout_s), read=timeout_s)
         try:
-            decoded = json.loads(resp.data or b"{}")
+            resp = self._pool.request(method, _target(path, query), headers, data, timeouts)
+        except OSError as err:
+            raise errors.ApiUnavailable(str(err), request=request) from err
+        except http1.InvalidRequest as err:
+            raise errors.ApiError(str(err), request=request) from err
+        if not 200 <= resp.status < 300:
+            raise _error(resp.status, resp.body, request=request)
+        try:
+            decoded = json.loads(resp.body or b"{}")
         except ValueError as err:
-            raise errors.ApiError("response is not JSON", request=f"{method} {path}") from err
+            raise errors.ApiError("response is not JSON", request=request) from err
         if not isinstance(decoded, dict):
-            raise errors.ApiError("response is not a JSON object", request=f"{method} {path}")
-        return Reply(decoded, parse_warnings(resp.headers.getlist("Warning")))
+            raise errors.ApiError("response is not a JSON object", request=request)
+        return Reply(decoded, parse_warnings(resp.values("warning")))
 
     def request(
         self,
@@ -153,28 +131,38 @@ class KubeClient:
         """Watch events (``{"type", "object"}``) until the server ends the stream or ``stop``.
 
         An ERROR event is raised as its error (``errors.Gone`` for an expired resourceVersion).
+        A watch left midway closes its connection (the rest of the stream is never read).
         """
+        request = f"watch {path}"
         query = {**query, "watch": "true", "timeoutSeconds": str(timeout_s)}
-        timeout = urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=timeout_s + WATCH_GRACE_S)
-        resp = self._send("GET", path, query=query, body=None, timeout=timeout, stream=True)
-        buffer = b""
+        timeouts = http1.Timeouts(connect=CONNECT_TIMEOUT_S, read=timeout_s + WATCH_GRACE_S)
+        headers = self._headers(request, None)
         try:
-            for chunk in resp.stream(4096, decode_content=True):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if stop.is_set():
-                        return
-                    if line.strip():
-                        yield _event(line, path)
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise errors.ApiUnavailable(str(err), request=f"watch {path}") from err
+            stream = self._pool.stream("GET", _target(path, query), headers, timeouts)
+        except OSError as err:
+            raise errors.ApiUnavailable(str(err), request=request) from err
+        except http1.InvalidRequest as err:
+            raise errors.ApiError(str(err), request=request) from err
+        try:
+            if not 200 <= stream.status < 300:
+                raise _error(stream.status, stream.read(), request=f"GET {path}")
+            for line in stream.lines():
+                if stop.is_set():
+                    return
+                if line.strip():
+                    yield _event(line, path)
+        except OSError as err:
+            raise errors.ApiUnavailable(str(err), request=request) from err
         finally:
-            resp.release_conn()
+            stream.close()
 
     def close(self) -> None:
         """Close the pooled connections (a later request opens new ones)."""
-        self._pool.clear()
+        self._pool.close()
+
+
+def _target(path: str, query: Mapping[str, str] | None) -> str:
+    return path + (f"?{urlencode(query)}" if query else "")
 
 
 def _error(status: int, data: bytes, *, request: str) -> errors.ApiError:
@@ -236,8 +224,8 @@ def connect(kubeconfig: Path | None, *, default_kubeconfig: bool = False) -> Kub
 
 
 def _from_credentials(creds: credentials.Credentials) -> KubeClient:
-    pool = urllib3.PoolManager(num_pools=2, maxsize=POOL_CONNECTIONS, ssl_context=creds.ssl_context)
-    return KubeClient(host=creds.host, pool=pool, auth_headers=creds.auth_headers)
+    pool = http1.Pool(creds.host, ssl_context=creds.ssl_context, keep=POOL_CONNECTIONS)
+    return KubeClient(pool, auth_headers=creds.auth_headers)
 
 
 def _connect_with_official_loader(kubeconfig: Path | None) -> KubeClient:
@@ -253,24 +241,19 @@ def _connect_with_official_loader(kubeconfig: Path | None) -> KubeClient:
         )
     except Exception as err:  # the loader raises assorted types for one cause: bad config
         raise errors.ApiError(f"cannot load credentials from {source}: {err}") from err
-    tls: dict[str, Any] = {
-        "cert_reqs": "CERT_REQUIRED" if cfg.verify_ssl else "CERT_NONE",
-        "ca_certs": cfg.ssl_ca_cert,
-        "cert_file": cfg.cert_file,
-        "key_file": cfg.key_file,
-        "server_hostname": cfg.tls_server_name,
-    }
-    pool: urllib3.PoolManager
-    if cfg.proxy:
-        pool = urllib3.ProxyManager(
-            str(cfg.proxy),
-            num_pools=2,
-            maxsize=POOL_CONNECTIONS,
+    host = str(cfg.host)
+    try:
+        tls = _official_tls(cfg) if host.startswith("https://") else None
+        pool = http1.Pool(
+            host,
+            ssl_context=tls,
+            server_hostname=cfg.tls_server_name or None,
+            proxy=str(cfg.proxy) if cfg.proxy else None,
             proxy_headers=cfg.proxy_headers,
-            **tls,
+            keep=POOL_CONNECTIONS,
         )
-    else:
-        pool = urllib3.PoolManager(num_pools=2, maxsize=POOL_CONNECTIONS, **tls)
+    except (OSError, http1.InvalidRequest) as err:  # ssl.SSLError is an OSError
+        raise errors.ApiError(f"cannot use the server settings from {source}: {err}") from err
 
     def auth_headers() -> dict[str, str]:
         # auth_settings() runs the loader's refresh hook, so rotated tokens are picked up.
@@ -281,4 +264,17 @@ def _connect_with_official_loader(kubeconfig: Path | None) -> KubeClient:
             if s.get("in") == "header" and s.get("value")
         }
 
-    return KubeClient(host=str(cfg.host), pool=pool, auth_headers=auth_headers)
+    return KubeClient(pool, auth_headers=auth_headers)
+
+
+def _official_tls(cfg: Any) -> ssl.SSLContext:
+    """The TLS settings the official loader read, as urllib3 would have applied them."""
+    if cfg.verify_ssl:
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+    else:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cfg.cert_file:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    return ctx

@@ -293,9 +293,7 @@ def test_http_errors_carry_the_servers_message(token_config: Path, path: str) ->
     assert str(err) == f"GET {path}: {message}"
 
 
-def test_concurrent_requests_keep_their_connections(
-    token_config: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_concurrent_requests_keep_their_connections(token_config: Path) -> None:
     # As many requests at once as the plugin's DRA server runs calls: the second burst reuses
     # the first one's connections instead of opening (and handshaking) new ones.
     client = connect(token_config)
@@ -309,7 +307,6 @@ def test_concurrent_requests_keep_their_connections(
         for t in threads:
             t.join()
     assert len(CONNECTIONS) - before == 16
-    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
 
 
 def test_call_returns_the_servers_warnings(token_config: Path) -> None:

@@ -21,10 +21,10 @@ from typing import Any
 
 import grpc
 import pytest
-import urllib3
 from fake_slice_store import FakeSliceStore
 from plugin_start import start_serving
 
+from dra_gpu.kube import http1
 from dra_gpu.kube.client import KubeClient
 from dra_gpu.kubeletplugin import (
     call_lock,
@@ -310,7 +310,7 @@ def test_readyz_waits_for_registration_and_healthz_does_not() -> None:
 def prepare_state(root: Path, *extra: str) -> DeviceState:
     """The plugin's own prepare state (no claims: the API is never asked)."""
     settings = make_settings(root, "--state-dir", str(root / "state"), *extra)
-    unused = KubeClient(host="https://127.0.0.1:9", pool=urllib3.PoolManager(), auth_headers=dict)
+    unused = KubeClient(http1.Pool("http://127.0.0.1:9"), auth_headers=dict)
     return plugin_main.device_state(settings, client=unused, inventory=lambda: {})
 
 
