@@ -58,6 +58,10 @@ _OUR_SETTINGS = h2.settings(
 _RESPONSE_HEADERS = h2.STATUS_200 + h2.literal(h2.CONTENT_TYPE, b"application/grpc")
 _TRAILERS_OK = h2.literal(b"grpc-status", b"0")
 _PREFIX = struct.Struct(">BI")
+_SEND_TIMEOUT = struct.pack("ll", 10, 0)  # struct timeval: 10 s
+
+# hpack logs every header it decodes at DEBUG: noise in a plugin run with --log-level DEBUG.
+logging.getLogger("hpack").setLevel(logging.INFO)
 
 
 def percent_encoded(message: str) -> bytes:
@@ -110,6 +114,8 @@ class _Connection:
     def __init__(self, server: Server, sock: socket.socket) -> None:
         self._server = server
         self._sock = sock
+        # A client that stops reading must not hold a writer (and the lock, and stop()) forever.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _SEND_TIMEOUT)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # windows grew, or streams ended
         self._streams: dict[int, _Stream] = {}
@@ -286,6 +292,9 @@ class _Connection:
         if stream is not None:  # the client's trailers: its half of the call ends
             if not end_stream:
                 raise h2.Violation(h2.PROTOCOL_ERROR, f"second HEADERS on stream {sid}")
+            if stream.remote_ended:
+                self._locked_reset(stream, h2.STREAM_CLOSED)
+                return
             self._locked_remote_end(stream)
             return
         if sid <= self._last_id:
@@ -363,6 +372,8 @@ class _Connection:
     # --- calls (worker threads)
 
     def _call(self, stream: _Stream, method: Method, data: bytes) -> None:
+        if not stream.active:
+            return  # cancelled while it waited for a worker
         try:
             request = method.parse(data)
         except Exception as err:
