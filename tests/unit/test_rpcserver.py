@@ -50,6 +50,7 @@ class Handlers:
         self.stream_closed = threading.Event()
         self.barrier = threading.Barrier(16)
         self.second_ran = threading.Event()
+        self.blocked_calls = 0
 
     def methods(self) -> list[Method]:
         def unary(path: str, handle: Callable[[bytes, CallContext], bytes]) -> Method:
@@ -69,6 +70,7 @@ class Handlers:
         ]
 
     def blocked(self, request: bytes, context: CallContext) -> bytes:
+        self.blocked_calls += 1
         assert self.release.wait(TIMEOUT_S)
         return b"released"
 
@@ -459,6 +461,21 @@ def test_protocol_errors_end_the_connection_with_goaway(
     assert frames[-1][0] == 0x7  # GOAWAY
     assert struct.unpack(">I", frames[-1][1][4:8])[0] != 0  # an error code
     assert call(channel, "Echo", b"still serving") == b"still serving"
+
+
+def test_a_request_ended_twice_runs_once(
+    served: tuple[rpcserver.Server, Path], handlers: Handlers
+) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(TIMEOUT_S)
+        sock.connect(str(served[1]))
+        sock.sendall(h2_preface_and_settings() + raw_call(1, "Blocked"))
+        time.sleep(0.05)  # the call is running
+        sock.sendall(raw_frame(0x1, 0x5, 1, b""))  # trailers: HEADERS, END_STREAM, no fields
+        reset = Frames(sock).until(0x3)
+        assert reset[2] == 1 and reset[3] == struct.pack(">I", 0x5)  # STREAM_CLOSED
+    handlers.release.set()
+    assert handlers.blocked_calls == 1
 
 
 def test_unknown_frame_types_are_ignored(client: Client) -> None:
