@@ -36,12 +36,18 @@ def _refs(claims_in: Any) -> tuple[list[ClaimRef], dict[str, str]]:
     return list(refs.values()), invalid
 
 
+def _valid_refs(claims_in: Any, response: Any) -> list[ClaimRef]:
+    """The request's valid claims; each invalid one gets its error in ``response`` at once."""
+    refs, invalid = _refs(claims_in)
+    for uid, message in invalid.items():
+        response.claims[uid].error = message
+    return refs
+
+
 def _methods(driver: Driver, pb: ModuleType, service: str, *, share_id: bool) -> list[Method]:
     def prepare(request: Any, context: CallContext) -> Any:
-        refs, invalid = _refs(request.claims)
         response = pb.NodePrepareResourcesResponse()
-        for uid, message in invalid.items():
-            response.claims[uid].error = message
+        refs = _valid_refs(request.claims, response)
         for uid, result in driver.prepare(refs).items():
             entry = response.claims[uid]
             if result.error:
@@ -59,10 +65,8 @@ def _methods(driver: Driver, pb: ModuleType, service: str, *, share_id: bool) ->
         return response
 
     def unprepare(request: Any, context: CallContext) -> Any:
-        refs, invalid = _refs(request.claims)
         response = pb.NodeUnprepareResourcesResponse()
-        for uid, message in invalid.items():
-            response.claims[uid].error = message
+        refs = _valid_refs(request.claims, response)
         for uid, error in driver.unprepare(refs).items():
             response.claims[uid].error = error
         return response
