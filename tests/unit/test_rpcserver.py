@@ -10,7 +10,8 @@ with their codes and (percent-encoded) messages; grpc.health.v1 Check.
 An h2 client for the protocol edge cases: CONTINUATION, padding and priority, PING, a tiny
 client window, compressed messages, GOAWAY on stop with a call in flight (it finishes, a new
 stream is refused), garbage bytes and protocol errors (GOAWAY, the server keeps serving),
-unknown frame types ignored.
+unknown frame types ignored; a request ended twice runs once; a call cancelled while it waits
+for a worker never runs.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Handlers:
         self.barrier = threading.Barrier(16)
         self.second_ran = threading.Event()
         self.blocked_calls = 0
+        self.entered = threading.Event()  # a Blocked call runs
 
     def methods(self) -> list[Method]:
         def unary(path: str, handle: Callable[[bytes, CallContext], bytes]) -> Method:
@@ -71,6 +73,7 @@ class Handlers:
 
     def blocked(self, request: bytes, context: CallContext) -> bytes:
         self.blocked_calls += 1
+        self.entered.set()
         assert self.release.wait(TIMEOUT_S)
         return b"released"
 
@@ -337,7 +340,7 @@ def test_stop_lets_the_call_in_flight_finish(
 ) -> None:
     server, _ = served
     blocked = unary(channel, "/test.Svc/Blocked").future(b"", timeout=TIMEOUT_S)
-    time.sleep(0.05)  # the call is running
+    assert handlers.entered.wait(TIMEOUT_S)  # the call is running
     stopping = threading.Thread(target=server.stop, args=(TIMEOUT_S,))
     stopping.start()
     time.sleep(0.05)
@@ -356,7 +359,7 @@ def test_stop_sends_goaway_and_refuses_new_streams(
         sock.settimeout(TIMEOUT_S)
         sock.connect(str(path))
         sock.sendall(h2_preface_and_settings() + raw_call(1, "Blocked"))
-        time.sleep(0.05)  # the call is running
+        assert handlers.entered.wait(TIMEOUT_S)  # the call is running
         stopping = threading.Thread(target=server.stop, args=(TIMEOUT_S,))
         stopping.start()
         frames = Frames(sock)
@@ -470,12 +473,37 @@ def test_a_request_ended_twice_runs_once(
         sock.settimeout(TIMEOUT_S)
         sock.connect(str(served[1]))
         sock.sendall(h2_preface_and_settings() + raw_call(1, "Blocked"))
-        time.sleep(0.05)  # the call is running
+        assert handlers.entered.wait(TIMEOUT_S)  # the call is running
         sock.sendall(raw_frame(0x1, 0x5, 1, b""))  # trailers: HEADERS, END_STREAM, no fields
         reset = Frames(sock).until(0x3)
         assert reset[2] == 1 and reset[3] == struct.pack(">I", 0x5)  # STREAM_CLOSED
     handlers.release.set()
     assert handlers.blocked_calls == 1
+
+
+def test_a_call_cancelled_while_it_waits_for_a_worker_never_runs(
+    tmp_path: Path, handlers: Handlers
+) -> None:
+    server = rpcserver.Server(handlers.methods(), max_workers=1)
+    server.add_address(f"unix:{tmp_path / 'one.sock'}")
+    server.start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(tmp_path / "one.sock"))
+            sock.sendall(
+                h2_preface_and_settings() + raw_call(1, "Blocked") + raw_call(3, "Blocked")
+            )
+            assert handlers.entered.wait(TIMEOUT_S)  # the first holds the only worker
+            sock.sendall(raw_frame(0x3, 0, 3, struct.pack(">I", 0x8)))  # RST_STREAM, CANCEL
+            sock.sendall(raw_frame(0x6, 0, 0, b"in order"))  # PING: its ACK comes after
+            frames = Frames(sock)
+            frames.until(0x6, flags=0x1)  # the reset was read before the worker gets free
+            handlers.release.set()
+            frames.until(0x1, stream=1, flags=0x1)  # the first call's trailers
+        server.pool.submit(lambda: None).result(TIMEOUT_S)  # the queue has been worked off
+        assert handlers.blocked_calls == 1
+    finally:
+        server.stop(grace=0)
 
 
 def test_unknown_frame_types_are_ignored(client: Client) -> None:
