@@ -14,14 +14,11 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from concurrent import futures
 from pathlib import Path
-
-import grpc
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.kube.client import connect
-from dra_gpu.kubeletplugin import dra_service
+from dra_gpu.kubeletplugin import dra_service, rpcserver
 from dra_gpu.plugin import inventory, prepare_core
 from dra_gpu.sharing.applied import Switches
 
@@ -60,17 +57,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sharing=Switches(),
     )
     state.start()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.workers))
-    dra_service.register_dra_services(server, state)
+    server = rpcserver.Server(dra_service.methods(state), max_workers=args.workers)
     args.socket.unlink(missing_ok=True)
-    server.add_insecure_port(f"unix://{args.socket}")
+    server.add_address(f"unix:{args.socket}")
     server.start()
     print(f"serving on {args.socket}", file=sys.stderr, flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
-    server.stop(grace=5).wait()
+    server.stop(grace=5)
     state.close()
     args.socket.unlink(missing_ok=True)
     return 0

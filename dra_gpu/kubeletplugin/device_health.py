@@ -6,8 +6,9 @@ Design:
 - Each ``NodeWatchResources`` stream sends the complete list at once, again after every change,
   and again every ``resend_s`` as a heartbeat, so the kubelet never reaches
   ``health_check_timeout_seconds`` without news and marks devices Unknown.
-- A stream holds one server thread for its life; it ends when the client goes away or the feed
-  is closed at shutdown. Waits are short so a vanished client frees its thread soon.
+- A stream holds one server thread for its life; it ends when the client goes away (the call's
+  ``is_active()``) or the feed is closed at shutdown. Waits are short so a vanished client
+  frees its thread soon.
 - Devices start HEALTHY when discovery reports them. A device that the driver's re-discovery
   no longer finds turns UNHEALTHY and stays listed, while a prepared claim holds it, until it
   is found again.
@@ -24,14 +25,8 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-import grpc
-
-from dra_gpu.pb import (
-    health_v1_pb2,
-    health_v1_pb2_grpc,
-    health_v1alpha1_pb2,
-    health_v1alpha1_pb2_grpc,
-)
+from dra_gpu.kubeletplugin.rpc_methods import CallContext, Method, serialize_message
+from dra_gpu.pb import health_v1_pb2, health_v1alpha1_pb2
 
 HEALTHY = "HEALTHY"
 UNHEALTHY = "UNHEALTHY"
@@ -165,7 +160,7 @@ def _response(pb: ModuleType, snap: Snapshot) -> Any:
 
 
 def watch(
-    feed: HealthFeed, pb: ModuleType, context: grpc.ServicerContext, *, resend_s: float
+    feed: HealthFeed, pb: ModuleType, context: CallContext, *, resend_s: float
 ) -> Iterator[Any]:
     """The stream body shared by both API versions (their messages are wire-identical)."""
     snap = feed.snapshot()
@@ -181,34 +176,22 @@ def watch(
         last_sent = time.monotonic()
 
 
-class HealthV1Servicer(health_v1_pb2_grpc.DRAResourceHealthServicer):
-    def __init__(self, feed: HealthFeed, *, resend_s: float = 30.0) -> None:
-        self._feed = feed
-        self._resend_s = resend_s
+def methods(feed: HealthFeed, *, resend_s: float = 30.0) -> list[Method]:
+    """``NodeWatchResources`` of DRAResourceHealth v1 and v1alpha1."""
 
-    def NodeWatchResources(
-        self, request: health_v1_pb2.NodeWatchResourcesRequest, context: grpc.ServicerContext
-    ) -> Iterator[health_v1_pb2.NodeWatchResourcesResponse]:
-        return watch(self._feed, health_v1_pb2, context, resend_s=self._resend_s)
+    def method(pb: ModuleType, service: str) -> Method:
+        def handle(request: Any, context: CallContext) -> Iterator[Any]:
+            return watch(feed, pb, context, resend_s=resend_s)
 
+        return Method(
+            f"/{service}/NodeWatchResources",
+            pb.NodeWatchResourcesRequest.FromString,
+            handle,
+            serialize_message,
+            streaming=True,
+        )
 
-class HealthV1Alpha1Servicer(health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
-    def __init__(self, feed: HealthFeed, *, resend_s: float = 30.0) -> None:
-        self._feed = feed
-        self._resend_s = resend_s
-
-    def NodeWatchResources(
-        self,
-        request: health_v1alpha1_pb2.NodeWatchResourcesRequest,
-        context: grpc.ServicerContext,
-    ) -> Iterator[health_v1alpha1_pb2.NodeWatchResourcesResponse]:
-        return watch(self._feed, health_v1alpha1_pb2, context, resend_s=self._resend_s)
-
-
-def add_to_server(server: grpc.Server, feed: HealthFeed, *, resend_s: float = 30.0) -> None:
-    health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        HealthV1Servicer(feed, resend_s=resend_s), server
-    )
-    health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        HealthV1Alpha1Servicer(feed, resend_s=resend_s), server
-    )
+    return [
+        method(health_v1_pb2, "v1.DRAResourceHealth"),
+        method(health_v1alpha1_pb2, "v1alpha1.DRAResourceHealth"),
+    ]

@@ -1,4 +1,4 @@
-"""gRPC adapter: the kubelet's DRAPlugin services (v1 and v1beta1) over a :class:`Driver`.
+"""The kubelet's DRAPlugin services (v1 and v1beta1) over a :class:`Driver`, as a method table.
 
 Only translates messages: claims in, per-claim results out. Every claim of a request gets an
 entry in the response; a claim's failure is its ``error`` (the kubelet then ignores its
@@ -11,11 +11,10 @@ import logging
 from types import ModuleType
 from typing import Any
 
-import grpc
-
 from dra_gpu.kubeletplugin.driver import ClaimRef, Driver
 from dra_gpu.kubeletplugin.ids import ClaimUID
-from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from dra_gpu.kubeletplugin.rpc_methods import CallContext, Method, serialize_message
+from dra_gpu.pb import dra_v1_pb2, dra_v1beta1_pb2
 
 log = logging.getLogger(__name__)
 
@@ -37,47 +36,62 @@ def _refs(claims_in: Any) -> tuple[list[ClaimRef], dict[str, str]]:
     return list(refs.values()), invalid
 
 
-def _servicer(driver: Driver, pb: ModuleType, base: type, *, share_id: bool) -> Any:
-    class Servicer(base):  # type: ignore[misc]
-        def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-            refs, invalid = _refs(request.claims)
-            response = pb.NodePrepareResourcesResponse()
-            for uid, message in invalid.items():
-                response.claims[uid].error = message
-            for uid, result in driver.prepare(refs).items():
-                entry = response.claims[uid]
-                if result.error:
-                    entry.error = result.error
-                    continue
-                for device in result.devices:
-                    out = entry.devices.add(
-                        request_names=device.request_names,
-                        pool_name=device.pool_name,
-                        device_name=device.device_name,
-                        cdi_device_ids=device.cdi_device_ids,
-                    )
-                    if share_id and device.share_id:
-                        out.share_id = device.share_id
-            return response
-
-        def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-            refs, invalid = _refs(request.claims)
-            response = pb.NodeUnprepareResourcesResponse()
-            for uid, message in invalid.items():
-                response.claims[uid].error = message
-            for uid, error in driver.unprepare(refs).items():
-                response.claims[uid].error = error
-            return response
-
-    return Servicer()
+def _valid_refs(claims_in: Any, response: Any) -> list[ClaimRef]:
+    """The request's valid claims; each invalid one gets its error in ``response`` at once."""
+    refs, invalid = _refs(claims_in)
+    for uid, message in invalid.items():
+        response.claims[uid].error = message
+    return refs
 
 
-def register_dra_services(server: grpc.Server, driver: Driver) -> None:
-    """Add DRAPlugin v1 and v1beta1, both served by ``driver``."""
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
-        _servicer(driver, dra_v1_pb2, dra_v1_pb2_grpc.DRAPluginServicer, share_id=True), server
-    )
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-        _servicer(driver, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPluginServicer, share_id=False),
-        server,
-    )
+def _methods(driver: Driver, pb: ModuleType, service: str, *, share_id: bool) -> list[Method]:
+    def prepare(request: Any, context: CallContext) -> Any:
+        response = pb.NodePrepareResourcesResponse()
+        refs = _valid_refs(request.claims, response)
+        for uid, result in driver.prepare(refs).items():
+            entry = response.claims[uid]
+            if result.error:
+                entry.error = result.error
+                continue
+            for device in result.devices:
+                out = entry.devices.add(
+                    request_names=device.request_names,
+                    pool_name=device.pool_name,
+                    device_name=device.device_name,
+                    cdi_device_ids=device.cdi_device_ids,
+                )
+                if share_id and device.share_id:
+                    out.share_id = device.share_id
+        return response
+
+    def unprepare(request: Any, context: CallContext) -> Any:
+        response = pb.NodeUnprepareResourcesResponse()
+        refs = _valid_refs(request.claims, response)
+        for uid, error in driver.unprepare(refs).items():
+            response.claims[uid].error = error
+        return response
+
+    return [
+        Method(
+            f"/{service}/NodePrepareResources",
+            pb.NodePrepareResourcesRequest.FromString,
+            prepare,
+            serialize_message,
+        ),
+        Method(
+            f"/{service}/NodeUnprepareResources",
+            pb.NodeUnprepareResourcesRequest.FromString,
+            unprepare,
+            serialize_message,
+        ),
+    ]
+
+
+def methods(driver: Driver) -> list[Method]:
+    """DRAPlugin v1 and v1beta1, both served by ``driver``."""
+    return [
+        *_methods(driver, dra_v1_pb2, "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", share_id=True),
+        *_methods(
+            driver, dra_v1beta1_pb2, "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin", share_id=False
+        ),
+    ]

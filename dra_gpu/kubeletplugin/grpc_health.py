@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import grpc
+from dra_gpu.kubeletplugin.rpc_methods import Abort, CallContext, Code, Method
 
 SERVICE = "grpc.health.v1.Health"
 SERVING = 1
@@ -54,17 +54,10 @@ def encode_status(status: int) -> bytes:
     return b"" if status == 0 else bytes([0x08, status])
 
 
-def handler(is_serving: Callable[[], bool]) -> grpc.GenericRpcHandler[bytes, bytes]:
-    def check(service: str, context: grpc.ServicerContext) -> int:
+def methods(is_serving: Callable[[], bool]) -> list[Method]:
+    def check(service: str, context: CallContext) -> int:
         if service:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {service!r}")
+            raise Abort(Code.NOT_FOUND, f"unknown service {service!r}")
         return SERVING if is_serving() else NOT_SERVING
 
-    return grpc.method_handlers_generic_handler(
-        SERVICE,
-        {
-            "Check": grpc.unary_unary_rpc_method_handler(
-                check, request_deserializer=decode_service, response_serializer=encode_status
-            )
-        },
-    )
+    return [Method(f"/{SERVICE}/Check", decode_service, check, encode_status)]

@@ -15,10 +15,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
-
+from dra_gpu.kubeletplugin.rpc_methods import CallContext, Method, serialize_message
 from dra_gpu.pb import pluginregistration_v1_pb2 as pb
-from dra_gpu.pb import pluginregistration_v1_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +26,10 @@ HEALTH_VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 SUPPORTED_VERSIONS = DRA_VERSIONS + HEALTH_VERSIONS
 
 
-class RegistrationServicer(pb_grpc.RegistrationServicer):
+SERVICE = "pluginregistration.Registration"
+
+
+class Registration:
     def __init__(
         self, *, driver_name: str, dra_endpoint: Path, on_registered: Callable[[], None]
     ) -> None:
@@ -42,12 +43,25 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
         )
         self._on_registered = on_registered
 
-    def GetInfo(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.PluginInfo:
+    def methods(self) -> list[Method]:
+        return [
+            Method(
+                f"/{SERVICE}/GetInfo", pb.InfoRequest.FromString, self.get_info, serialize_message
+            ),
+            Method(
+                f"/{SERVICE}/NotifyRegistrationStatus",
+                pb.RegistrationStatus.FromString,
+                self.notify_registration_status,
+                serialize_message,
+            ),
+        ]
+
+    def get_info(self, request: pb.InfoRequest, context: CallContext) -> pb.PluginInfo:
         log.debug("kubelet asked for plugin info")
         return self._info
 
-    def NotifyRegistrationStatus(
-        self, request: pb.RegistrationStatus, context: grpc.ServicerContext
+    def notify_registration_status(
+        self, request: pb.RegistrationStatus, context: CallContext
     ) -> pb.RegistrationStatusResponse:
         if request.plugin_registered:
             log.info("registered with the kubelet as %s", self._info.name)

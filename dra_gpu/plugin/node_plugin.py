@@ -29,10 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from concurrent import futures
 from pathlib import Path
-
-import grpc
 
 from dra_gpu.devices.model import Device
 from dra_gpu.kubeletplugin import (
@@ -43,11 +40,12 @@ from dra_gpu.kubeletplugin import (
     healthz,
     publisher,
     registration,
+    rpcserver,
     slice_plan,
     sockets,
 )
 from dra_gpu.kubeletplugin.driver import Driver
-from dra_gpu.pb import pluginregistration_v1_pb2_grpc
+from dra_gpu.kubeletplugin.rpc_methods import Method, RpcServer
 from dra_gpu.plugin import published
 from dra_gpu.plugin.settings import POD_UID_PATTERN, Settings, socket_paths
 
@@ -105,8 +103,8 @@ class NodePlugin:
             instance=instance,
             alive=self._instance_alive,
         )
-        self._dra_server: grpc.Server | None = None
-        self._reg_server: grpc.Server | None = None
+        self._dra_server: RpcServer | None = None
+        self._reg_server: RpcServer | None = None
         self._healthz: healthz.HealthzServer | None = None
         self._serving = False
         self._registered = threading.Event()
@@ -191,43 +189,44 @@ class NodePlugin:
             )
             self._healthz.start()
 
-    def _serve(self, server: grpc.Server, path: Path) -> None:
-        temporary = sockets.listen_private(path, server.add_insecure_port)
+    def _serve(self, methods: list[Method], path: Path, *, workers: int, name: str) -> RpcServer:
+        """Serve ``methods`` (and grpc.health.v1) on the unix socket ``path``."""
+        methods = methods + grpc_health.methods(lambda: self.problem() is None)
+        server: RpcServer
+        if self._settings.grpc_server == "grpcio":
+            # Imported only when chosen: grpc costs ~17 MiB of memory.
+            from dra_gpu.kubeletplugin import grpcio_server
+
+            server = grpcio_server.GrpcioServer(methods, max_workers=workers, name=name)
+        else:
+            server = rpcserver.Server(methods, max_workers=workers, name=name)
+        temporary = sockets.listen_private(path, server.add_address)
         server.start()
         sockets.publish(temporary, path)
-        log.info("listening on %s", path)
-
-    def _start_dra_server(self, driver: Driver) -> grpc.Server:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"))
-        dra_service.register_dra_services(server, driver)
-        device_health.add_to_server(server, self.health)
-        server.add_generic_rpc_handlers((grpc_health.handler(lambda: self.problem() is None),))
-        self._serve(server, self._paths.dra)
+        log.info("listening on %s (%s gRPC server)", path, self._settings.grpc_server)
         return server
 
-    def _start_registration_server(self) -> grpc.Server:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
-        pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(
-            registration.RegistrationServicer(
-                driver_name=self._settings.driver_name,
-                dra_endpoint=self._paths.dra,
-                on_registered=self._registered.set,
-            ),
-            server,
+    def _start_dra_server(self, driver: Driver) -> RpcServer:
+        methods = dra_service.methods(driver) + device_health.methods(self.health)
+        return self._serve(methods, self._paths.dra, workers=16, name="dra")
+
+    def _start_registration_server(self) -> RpcServer:
+        service = registration.Registration(
+            driver_name=self._settings.driver_name,
+            dra_endpoint=self._paths.dra,
+            on_registered=self._registered.set,
         )
-        server.add_generic_rpc_handlers((grpc_health.handler(lambda: self.problem() is None),))
-        self._serve(server, self._paths.registration)
-        return server
+        return self._serve(service.methods(), self._paths.registration, workers=2, name="reg")
 
     def stop(self) -> None:
         """Remove our sockets and stop serving; safe to call more than once."""
         self._serving = False
         sockets.remove(self._paths.registration)
         if self._reg_server is not None:
-            self._reg_server.stop(grace=1.0).wait()
+            self._reg_server.stop(grace=1.0)
         self.health.close()
         if self._dra_server is not None:
-            self._dra_server.stop(grace=DRA_GRACE_S).wait()
+            self._dra_server.stop(grace=DRA_GRACE_S)
         sockets.remove(self._paths.dra)
         self._stop.set()
         if self._healthz is not None:

@@ -57,8 +57,10 @@ ENV_VARS: Mapping[str, str] = {
     "time_slicing_settings": "TIME_SLICING_SETTINGS",
     "mps_support": "MPS_SUPPORT",
     "mig_mode": "MIG_MODE",
+    "grpc_server": "GRPC_SERVER",
 }
 MIG_MODES = ("static", "dynamic")
+GRPC_SERVERS = ("builtin", "grpcio")
 
 
 class SettingsError(UserError, ValueError):
@@ -101,6 +103,8 @@ class Settings:
     mps_support: bool = False
     # "dynamic": MIG devices are created by prepare (docs/dynamic-mig.md); "static": as found.
     mig_mode: str = "static"
+    # What serves the plugin's gRPC sockets: "builtin" (kubeletplugin.rpcserver) or "grpcio".
+    grpc_server: str = "builtin"
 
     @property
     def rolling_update(self) -> bool:
@@ -203,6 +207,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default false: the MPS settings reach the container environment only)",
         metavar="BOOL",
     )
+    add(
+        "--grpc-server",
+        "grpc_server",
+        "what serves the plugin's gRPC sockets: builtin (a small HTTP/2 server, less memory and "
+        "CPU) or grpcio (the gRPC project's server) (default builtin)",
+    )
 
 
 def _pick(values: Mapping[str, object], env: Mapping[str, str], dest: str) -> str | None:
@@ -294,6 +304,9 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     mig_mode = pick("mig_mode") or "static"
     if mig_mode not in MIG_MODES:
         raise SettingsError(f"MIG mode must be static or dynamic, got {mig_mode!r}")
+    grpc_server = pick("grpc_server") or "builtin"
+    if grpc_server not in GRPC_SERVERS:
+        raise SettingsError(f"gRPC server must be builtin or grpcio, got {grpc_server!r}")
     settings = Settings(
         node_name=node_name,
         driver_name=driver,
@@ -317,6 +330,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         time_slicing_settings=_switch(pick("time_slicing_settings"), "--time-slicing-settings"),
         mps_support=_switch(pick("mps_support"), "--mps-support"),
         mig_mode=mig_mode,
+        grpc_server=grpc_server,
     )
     for path in dataclasses.astuple(socket_paths(settings)):
         if len(str(path).encode()) > sockets.MAX_PATH:

@@ -10,7 +10,6 @@ Cases:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import grpc
 import pytest
 from fake_claims import NODE, FakeFetcher, claim, device_state, inventory, result
 
-from dra_gpu.kubeletplugin.dra_service import register_dra_services
+from dra_gpu.kubeletplugin import dra_service, rpcserver
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 
 INVENTORY = inventory()
@@ -32,14 +31,13 @@ def channel(tmp_path: Path) -> Iterator[grpc.Channel]:
     )
     state = device_state(tmp_path, devices=INVENTORY, claims=fetcher)
     state.start()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    register_dra_services(server, state)
+    server = rpcserver.Server(dra_service.methods(state), max_workers=4)
     socket = tmp_path / "dra.sock"
-    server.add_insecure_port(f"unix://{socket}")
+    server.add_address(f"unix:{socket}")
     server.start()
     with grpc.insecure_channel(f"unix://{socket}") as ch:
         yield ch
-    server.stop(grace=None).wait()
+    server.stop(grace=0)
     state.close()
 
 

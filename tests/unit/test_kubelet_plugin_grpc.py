@@ -5,7 +5,7 @@ answers (both versions, zero claims); sockets are owner-only and no private dire
 the device health stream (both versions) lists every device HEALTHY; grpc.health.v1 answers;
 a refused registration is logged as an error; DRA calls wait for the node-wide lock; stop
 removes the sockets; two rolling-update instances serve side by side; the grpc health message
-codec.
+codec. Each with the builtin gRPC server and with grpcio's; the builtin one never loads grpc.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import logging
+import os
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -78,13 +81,16 @@ def short_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(tmp_path_factory.mktemp("kp", numbered=True))
 
 
-@pytest.fixture
-def start_plugin(short_root: Path) -> Iterator[Callable[..., node_plugin.NodePlugin]]:
+@pytest.fixture(params=plugin_settings.GRPC_SERVERS)
+def start_plugin(
+    short_root: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., node_plugin.NodePlugin]]:
+    """Starts plugins served by each gRPC server (``--grpc-server``) in turn."""
     started: list[node_plugin.NodePlugin] = []
     devices = inventory.discover(inventory.backend_for(simulate="h200x8", node_name=NODE))
 
     def start(*extra: str, state: DeviceState | None = None) -> node_plugin.NodePlugin:
-        settings = make_settings(short_root, *extra)
+        settings = make_settings(short_root, "--grpc-server", request.param, *extra)
         plugin = node_plugin.NodePlugin(
             settings,
             store=FakeSliceStore(),
@@ -462,3 +468,59 @@ def test_a_socket_accepts_only_while_its_server_listens(tmp_path: Path) -> None:
 )
 def test_grpc_health_request_decoding(wire: bytes, service: str) -> None:
     assert grpc_health.decode_service(wire) == service
+
+
+# Starts the plugin as the tests above do, makes one call over the DRA socket (a raw HTTP/2
+# health Check: grpcio's client would load grpc), stops it, and lists what of grpc got loaded.
+NO_GRPC = """
+import socket
+import sys
+
+import hpack
+from fake_slice_store import FakeSliceStore
+from plugin_start import start_serving
+
+from dra_gpu.plugin import inventory, node_plugin, settings as plugin_settings
+
+root = sys.argv[1]
+settings = plugin_settings.build_settings(
+    {"node_name": "n", "plugin_registry_dir": root + "/reg", "plugin_data_dir": root + "/data",
+     "cdi_root": root + "/cdi"}, {})
+plugin = node_plugin.NodePlugin(
+    settings,
+    store=FakeSliceStore(),
+    devices=inventory.discover(inventory.backend_for(simulate="h200x8", node_name="n")),
+    instance=node_plugin.this_instance(settings),
+)
+start_serving(plugin)
+block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+    (":path", "/grpc.health.v1.Health/Check"), ("content-type", "application/grpc"),
+    ("te", "trailers")])
+frames = (b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n" + bytes(9)[:3] + b"\\x04" + bytes(5)
+    + len(block).to_bytes(3, "big") + b"\\x01\\x04" + (1).to_bytes(4, "big") + block
+    + (5).to_bytes(3, "big") + b"\\x00\\x01" + (1).to_bytes(4, "big") + bytes(5))
+with socket.socket(socket.AF_UNIX) as sock:
+    sock.connect(str(plugin_settings.socket_paths(settings).dra))
+    sock.sendall(frames)
+    answer = b""
+    while b"grpc-status" not in answer:
+        chunk = sock.recv(65536)
+        assert chunk, "no answer"
+        answer += chunk
+plugin.stop()
+print(sorted(m for m in sys.modules if m.split(".")[0] == "grpc" or m.endswith("_pb2_grpc")))
+"""
+
+
+def test_the_builtin_server_never_imports_grpc(short_root: Path) -> None:
+    unit = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(unit), str(unit.parent)])}
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_GRPC, str(short_root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

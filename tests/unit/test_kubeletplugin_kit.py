@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent import futures
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,7 +25,7 @@ import grpc
 import pytest
 from fake_slice_store import FakeSliceStore
 
-from dra_gpu.kubeletplugin import dra_service, publisher, slices
+from dra_gpu.kubeletplugin import dra_service, publisher, rpcserver, slices
 from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice, PrepareResult
 from dra_gpu.kubeletplugin.ids import CDIDeviceID, ClaimUID, DeviceName
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
@@ -77,14 +76,13 @@ class Served:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
     driver = FakeDriver()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    dra_service.register_dra_services(server, driver)
+    server = rpcserver.Server(dra_service.methods(driver), max_workers=4)
     socket = tmp_path / "dra.sock"
-    server.add_insecure_port(f"unix://{socket}")
+    server.add_address(f"unix:{socket}")
     server.start()
     with grpc.insecure_channel(f"unix://{socket}") as channel:
         yield Served(channel, driver)
-    server.stop(grace=None).wait()
+    server.stop(grace=0)
 
 
 @pytest.mark.parametrize(

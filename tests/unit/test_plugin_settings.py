@@ -29,7 +29,13 @@ def test_defaults() -> None:
     assert s.cdi_root == Path("/var/run/cdi")
     assert s.kubeconfig is None and s.pod_uid is None and s.healthz_port is None
     assert s.healthz_address == "127.0.0.1"
+    assert s.grpc_server == "builtin"
     assert not s.rolling_update
+
+
+def test_grpcio_server_is_chosen_by_flag_or_environment() -> None:
+    assert parse(["--node-name", "n", "--grpc-server", "grpcio"]).grpc_server == "grpcio"
+    assert parse(["--node-name", "n"], {"GRPC_SERVER": "grpcio"}).grpc_server == "grpcio"
 
 
 def test_environment_fills_in_missing_flags() -> None:
@@ -81,6 +87,7 @@ N = {"NODE_NAME": "n"}
         pytest.param(["--rediscover-interval", "1m"], N, "number of seconds", id="interval-nan"),
         pytest.param([], {**N, "REDISCOVER_INTERVAL": "-5"}, ">= 0 seconds", id="interval-neg"),
         pytest.param(["--rediscover-interval", "inf"], N, ">= 0 seconds", id="interval-inf"),
+        pytest.param(["--grpc-server", "go"], N, "builtin or grpcio, got 'go'", id="grpc-server"),
     ],
 )
 def test_invalid_settings_are_refused_with_a_clear_message(

@@ -1,0 +1,84 @@
+"""What the kubelet plugin serves over gRPC, independent of the server that carries it.
+
+A service is a list of :class:`Method`: its full path (``/package.Service/Method``), how to
+parse a request from its wire bytes, the handler, how to serialize a response, and whether the
+handler returns one response or yields a stream of them. The builtin server (``rpcserver``)
+and the grpcio one (``grpcio_server``) both serve such a table, so no service module imports a
+transport, and the generated ``*_pb2_grpc`` modules (which import ``grpc``) are never needed.
+
+A handler reports a gRPC error by raising :class:`Abort`; any other exception becomes UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class Code(enum.IntEnum):
+    """gRPC status codes (the subset this plugin sends; values from the gRPC spec)."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    NOT_FOUND = 5
+    RESOURCE_EXHAUSTED = 8
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+
+
+class Abort(Exception):
+    """Raised by a handler: the call ends with ``code`` and ``message``."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+class CallContext(Protocol):
+    """What a handler may ask about its call (grpcio's ``ServicerContext`` has the same)."""
+
+    def is_active(self) -> bool:
+        """False once the client cancelled the call or the connection closed."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    path: str  # "/package.Service/Method"
+    parse: Callable[[bytes], Any]
+    handle: Callable[[Any, CallContext], Any]  # a response, or an iterator of them (streaming)
+    serialize: Callable[[Any], bytes]
+    streaming: bool = False  # server streaming: ``handle`` returns an iterator
+
+    @property
+    def service(self) -> str:
+        return self.path[1:].rsplit("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[1]
+
+
+def serialize_message(message: Any) -> bytes:
+    """A protobuf message's wire bytes (``SerializeToString``, as a plain function)."""
+    data: bytes = message.SerializeToString()
+    return data
+
+
+class RpcServer(Protocol):
+    """A server of a method table (``rpcserver.Server``, ``grpcio_server.GrpcioServer``)."""
+
+    def add_address(self, address: str) -> None:
+        """Listen on ``unix:PATH`` (bound at once, served once started)."""
+        ...
+
+    def start(self) -> None: ...
+
+    def stop(self, grace: float) -> None:
+        """Refuse new calls, give those in flight ``grace`` seconds, then close; blocks."""
+        ...
