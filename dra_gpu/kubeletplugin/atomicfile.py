@@ -70,15 +70,7 @@ def open_creating_dir(path: Path | str, flags: int, mode: int) -> int:
 
 def write_atomic(path: Path, data: bytes, *, durable: bool, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data``; see the module docstring for ``durable``."""
-    put_in_place(stage(path, data, durable=durable, mode=mode), path, durable=durable)
-
-
-def stage(path: Path | str, data: bytes, *, durable: bool, mode: int = 0o644) -> str:
-    """The first half of :func:`write_atomic`: ``data`` in the temp file of ``path`` (fsynced
-    when ``durable``), not yet visible under ``path``; returns the temp file's name. A caller
-    that stages, does other work, then calls :func:`put_in_place` (or :func:`discard`) must be
-    the only writer of ``path`` meanwhile."""
-    _, tmp = temp_name(path)
+    directory, tmp = temp_name(path)
     fd = open_creating_dir(tmp, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         view = memoryview(data)
@@ -88,23 +80,13 @@ def stage(path: Path | str, data: bytes, *, durable: bool, mode: int = 0o644) ->
             os.fsync(fd)
     except BaseException:
         os.close(fd)
-        discard(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
     os.close(fd)
-    return tmp
-
-
-def put_in_place(tmp: str, path: Path | str, *, durable: bool) -> None:
-    """The second half of :func:`write_atomic`: rename the staged ``tmp`` over ``path``."""
     os.replace(tmp, path)
     if durable:
-        fsync_dir(os.path.dirname(os.fspath(path)) or ".")
-
-
-def discard(tmp: str) -> None:
-    """Remove a staged temp file that will not be put in place (gone already is fine)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
+        fsync_dir(directory)
 
 
 def remove(path: Path) -> bool:

@@ -230,41 +230,29 @@ def build_spec(
 
 
 def write_spec(cdi_root: Path, claim_uid: ClaimUID, spec: Mapping[str, Any]) -> Path:
-    """Validate and atomically write the claim's spec; returns its path.
+    """Validate and atomically write the claim's spec; returns its path."""
+    return write_encoded(cdi_root, claim_uid, encode_spec(spec))
+
+
+def encode_spec(spec: Mapping[str, Any]) -> bytes:
+    """The spec's file content; raises CDIError for a spec a runtime would reject."""
+    problems = cdi_validate.validate_spec(spec)
+    if problems:
+        raise CDIError(f"refusing to write an invalid CDI spec: {'; '.join(problems)}")
+    # Compact: with ``indent`` the json module falls back to its pure-Python encoder, a fifth of
+    # a prepare's CPU (bench/prepare_profile.py). ``jq . FILE`` shows it indented.
+    return (json.dumps(spec, separators=(",", ":")) + "\n").encode()
+
+
+def write_encoded(cdi_root: Path, claim_uid: ClaimUID, data: bytes) -> Path:
+    """Atomically write the claim's spec from :func:`encode_spec`'s bytes; returns its path.
 
     Not fsynced: after a power loss the plugin sees a new boot ID and rewrites the specs of
     every completed claim from the checkpoint, which is durable.
     """
-    staged = stage_spec(cdi_root, claim_uid, spec)
-    staged.put_in_place()
-    return staged.path
-
-
-@dataclass(frozen=True)
-class StagedSpec:
-    """A validated spec written next to its final name, invisible to runtimes (a dot-file that
-    is not ``*.json``) until :meth:`put_in_place`; start-up removes one a crash left behind."""
-
-    path: Path
-    temp: str
-
-    def put_in_place(self) -> None:
-        atomicfile.put_in_place(self.temp, self.path, durable=False)
-
-    def discard(self) -> None:
-        atomicfile.discard(self.temp)
-
-
-def stage_spec(cdi_root: Path, claim_uid: ClaimUID, spec: Mapping[str, Any]) -> StagedSpec:
-    """The first half of :func:`write_spec`; raises CDIError for an invalid spec."""
-    problems = cdi_validate.validate_spec(spec)
-    if problems:
-        raise CDIError(f"refusing to write an invalid CDI spec: {'; '.join(problems)}")
     path = spec_path(cdi_root, claim_uid)
-    # Compact: with ``indent`` the json module falls back to its pure-Python encoder, a fifth of
-    # a prepare's CPU (bench/prepare_profile.py). ``jq . FILE`` shows it indented.
-    data = json.dumps(spec, separators=(",", ":")) + "\n"
-    return StagedSpec(path, atomicfile.stage(path, data.encode(), durable=False))
+    atomicfile.write_atomic(path, data, durable=False)
+    return path
 
 
 def remove_spec(cdi_root: Path, claim_uid: ClaimUID) -> bool:

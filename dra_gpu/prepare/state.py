@@ -10,9 +10,9 @@ Prepare, per claim (claims of one call are independent: each gets its own result
    a dynamic MIG device to create): record ``PrepareStarted`` (refused if a device is held by
    another claim and not shared), create the MIG device, apply the sharing settings
    (``dra_gpu.sharing``: time-slice interval, MPS daemon).
-4. Write the CDI spec under a temp name; record ``PrepareCompleted`` durably (with the check
-   against other claims' devices, if no ``PrepareStarted`` ran it); rename the spec into place;
-   answer. A plain claim thus costs one checkpoint write, like the Go reference's.
+4. Record ``PrepareCompleted`` durably (with the check against other claims' devices, if no
+   ``PrepareStarted`` ran it); write the CDI spec; answer. A plain claim thus costs one
+   checkpoint write, like the Go reference's.
 
 Unprepare: remove the CDI spec, undo the sharing settings, then drop the record durably. An
 unknown claim is success. Start-up makes the sharing settings match the completed claims.
@@ -22,9 +22,9 @@ runs before serving, under the node-wide call lock, so in a rolling update the o
 call in progress is never mistaken for a crash's leftovers):
 a ``PrepareStarted`` record is a prepare the kubelet never got an answer for, so it is rolled
 back (spec removed, settings undone, record dropped) and the kubelet's retry starts over; a
-spec still under its temp name is removed with the other temp files; a completed claim whose
-spec is missing (or any completed claim after a reboot, i.e. a new boot ID, since /var/run is
-gone) gets its spec rebuilt from the record; temp files of killed writers are removed.
+completed claim whose spec is missing (a crash before its spec was written, or any completed
+claim after a reboot, i.e. a new boot ID, since /var/run is gone) gets its spec rebuilt from the
+record; temp files of killed writers are removed.
 
 A spec is removed only by its claim's unprepare or roll-back, never for lack of a record: a
 spec of ours without one (the checkpoint was corrupt, or lost a record) is *adopted*, its record
@@ -94,7 +94,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FAULT_STEPS: Final = (
-    "after-spec-staged",
     "after-checkpoint-completed",
     "after-cdi-written",
     "unprepare-after-cdi-removed",
@@ -319,7 +318,6 @@ class DeviceState:
             started = records.claim_record(plan, state=PREPARE_STARTED)
             self.store.update(self._recorded(plan, started), durable=False)
             self._fault("after-checkpoint-started")
-        staged: cdi.StagedSpec | None = None
         recorded = started is not None
         try:
             if started is not None:
@@ -330,12 +328,10 @@ class DeviceState:
                     self._fault("after-mig-created")
                 self._sharing.apply(ref.uid, devices)
                 self._fault("after-sharing-applied")
-            # The spec waits under a temp name until the record is durable: a crash before that
-            # leaves a temp file (start removes it), never a spec without a record (which start
-            # would adopt as prepared); a crash after it leaves a completed record whose spec
-            # start rebuilds.
-            staged = cdi.stage_spec(self.settings.cdi_root, ref.uid, spec)
-            self._fault("after-spec-staged")
+            data = cdi.encode_spec(spec)  # refused before anything is recorded
+            # The record first, then the spec: a crash in between leaves a completed record
+            # whose spec start rebuilds, never a spec without a record (which start would adopt
+            # as prepared although no check against other claims' devices ever passed).
             if started is None:
                 # The check against other claims' devices runs in this write.
                 completed = records.claim_record(plan, state=PREPARE_COMPLETED)
@@ -346,14 +342,11 @@ class DeviceState:
                 completed = started.model_copy(update={"state": PREPARE_COMPLETED})
                 self.store.update(lambda cp: cp.with_claim(ref.uid, completed), durable=True)
             self._fault("after-checkpoint-completed")
-            staged.put_in_place()
+            cdi.write_encoded(self.settings.cdi_root, ref.uid, data)
         except Exception:
-            if staged is not None:
-                staged.discard()
             self._roll_back(ref.uid, devices, recorded=recorded)
             raise
         self._fault("after-cdi-written")
-        self._fault("after-checkpoint-completed")
         log.info("prepared %s (%s): %s", ref, ref.uid, ", ".join(d.cdi.name for d in plan.devices))
         return records.prepared_devices(completed)
 
