@@ -258,7 +258,7 @@ def write_encoded(cdi_root: Path, claim_uid: ClaimUID, data: bytes) -> Path:
 def remove_spec(cdi_root: Path, claim_uid: ClaimUID) -> bool:
     """Remove the claim's spec; ``False`` if there was none (not an error: unprepare repeats).
 
-    Not fsynced, for the reason :func:`write_spec` gives.
+    Not fsynced, for the reason :func:`write_encoded` gives.
     """
     return atomicfile.remove(spec_path(cdi_root, claim_uid))
 
