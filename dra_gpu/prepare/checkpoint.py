@@ -1,6 +1,6 @@
 """The plugin's checkpoint: which claims are prepared on this node, kept across restarts.
 
-File ``<state dir>/checkpoint.json``; JSON, written atomically. Per claim a state
+File ``<state dir>/checkpoint.json``; JSON, replaced atomically. Per claim a state
 ``PrepareStarted`` → ``PrepareCompleted``, its name/namespace and what was prepared (enough to
 answer a repeated prepare and to rebuild its CDI spec without the API server or discovery).
 
@@ -27,9 +27,18 @@ History: version 1 (no boot ID, no per-device facts) was never released; such a 
 corrupt, and its records are salvaged like any other (they answer repeated prepares and
 unprepare, but their CDI spec cannot be rebuilt: ``records.RecordIncomplete``). Version 2 (the
 first released) has ``compatible_version``, ``boot_id``, device facts, ``share_id`` and
-``admin_access``. Version 3 (current) added ``from_spec``: a record rebuilt from a CDI spec after
-the checkpoint lost it, which lacks request names, share IDs and config (an older plugin reads it
-as a plain completed record).
+``admin_access``. Version 3 added ``from_spec``: a record rebuilt from a CDI spec after the
+checkpoint lost it, which lacks request names, share IDs and config (an older plugin reads it as
+a plain completed record). Version 4 (current) added ``generation``, raised by every write (an
+older plugin keeps it unchanged when it writes, which the journal's rule below allows for).
+
+Durability: a write that must survive a power loss goes first to the journal
+(:mod:`journal`: one in-place write and an ``fdatasync``), then the JSON file is replaced
+without fsync. Whenever the file is read from disk, the journal's newest entry is read too; if
+its generation is above the file's, the file lost writes in a power loss and is replaced by the
+journal's state. An equal generation means the file is at least as new (an older plugin's write
+keeps the generation), so the file wins. A missing file is restored from the journal as well,
+and a corrupt one is salvaged on top of the journal's state.
 
 Concurrency: :class:`CheckpointStore` applies mutations as a group commit. Threads queue pure
 mutation functions; one of them, holding an ``flock`` on ``checkpoint.lock`` (shared with another
@@ -45,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import threading
 import time
@@ -58,10 +68,13 @@ from pydantic import BaseModel, ConfigDict
 
 from dra_gpu.errors import InternalError
 from dra_gpu.kubeletplugin import atomicfile
+from dra_gpu.prepare.journal import Journal
 
-SCHEMA_VERSION: Final = 3
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION: Final = 4
 FIRST_VERSION: Final = 2  # the first released schema; version 1 never shipped
-COMPATIBLE_VERSION: Final = 2  # version 3 only added fields: a version-2 reader can use it
+COMPATIBLE_VERSION: Final = 2  # versions 3 and 4 only added fields: version 2 reads them
 FILE_NAME: Final = "checkpoint.json"
 LOCK_NAME: Final = "checkpoint.lock"
 TOKEN_BYTES: Final = 32
@@ -129,6 +142,7 @@ class Checkpoint(_Record):
     compatible_version: int = COMPATIBLE_VERSION
     boot_id: str = ""  # "" = unknown (a salvaged file without one)
     claims: dict[str, ClaimRecord] = {}
+    generation: int = 0  # raised by every write (version 4); compared with the journal's
 
     def with_claim(self, uid: str, record: ClaimRecord) -> Checkpoint:
         return self.model_copy(update={"claims": {**self.claims, uid: record}})
@@ -185,11 +199,14 @@ def salvage(data: bytes) -> tuple[Checkpoint, tuple[str, ...]]:
     if not isinstance(raw, dict):
         return Checkpoint(), (f"top level is a {type(raw).__name__}, not an object",)
     boot_id = raw.get("boot_id")
+    generation = raw.get("generation")
+    facts: dict[str, Any] = {
+        "boot_id": boot_id if isinstance(boot_id, str) else "",
+        "generation": generation if isinstance(generation, int) and generation >= 0 else 0,
+    }
     claims = raw.get("claims")
     if not isinstance(claims, dict):
-        return Checkpoint(boot_id=boot_id if isinstance(boot_id, str) else ""), (
-            "no claims object",
-        )
+        return Checkpoint(**facts), ("no claims object",)
     kept: dict[str, ClaimRecord] = {}
     dropped: list[str] = []
     for uid, record in claims.items():
@@ -197,8 +214,7 @@ def salvage(data: bytes) -> tuple[Checkpoint, tuple[str, ...]]:
             kept[uid] = ClaimRecord.model_validate(record)
         except pydantic.ValidationError as exc:
             dropped.append(f"claim {uid}: {_first_error(exc)}")
-    checkpoint = Checkpoint(boot_id=boot_id if isinstance(boot_id, str) else "", claims=kept)
-    return checkpoint, tuple(dropped)
+    return Checkpoint(**facts, claims=kept), tuple(dropped)
 
 
 class _TooNew(Exception):
@@ -256,6 +272,10 @@ class CheckpointStore:
     def _lock_path(self) -> Path:
         return self.state_dir / LOCK_NAME
 
+    @functools.cached_property
+    def _journal(self) -> Journal:
+        return Journal(self.state_dir)
+
     @contextlib.contextmanager
     def _file_lock(self) -> Iterator[int]:
         with atomicfile.locked(self._lock_path) as fd:
@@ -305,8 +325,36 @@ class CheckpointStore:
                     reason = f"{exc.error_count()} schema error(s), first: {_first_error(exc)}"
                 moved_to, saved = self._replace_corrupt(lock_fd, data)
                 raise CheckpointCorrupt(self.path, moved_to, f"{reason}; {saved}") from exc
+        journaled = self._journaled()
+        if journaled is not None and journaled[0].generation > checkpoint.generation:
+            # The file lost writes the journal made durable (a power loss before the file's own
+            # write reached the disk, or the file was deleted): the journal's state is the last
+            # one any caller was told is durable.
+            log.warning(
+                "checkpoint %s is behind its journal (generation %d, journal %d); restored %d "
+                "claim record(s) from the journal",
+                self.path,
+                checkpoint.generation,
+                journaled[0].generation,
+                len(journaled[0].claims),
+            )
+            checkpoint = journaled[0]
+            self._replace_file(lock_fd, journaled[1])
+            stamp = self._stamp(lock_fd)
         self._cache = _Cache(checkpoint, stamp)
         return checkpoint
+
+    def _journaled(self) -> tuple[Checkpoint, bytes] | None:
+        """The journal's newest state and its bytes; None when it has none this plugin reads."""
+        entry = self._journal.read()
+        if entry is None:
+            return None
+        try:
+            return decode(entry.data), entry.data
+        except (_TooNew, ValueError, pydantic.ValidationError) as exc:
+            # Written by a newer plugin before a downgrade: the file is what this plugin uses.
+            log.warning("checkpoint journal entry %d not used: %s", entry.generation, exc)
+            return None
 
     def _replace_corrupt(self, lock_fd: int, data: bytes) -> tuple[Path, str]:
         """Move the corrupt file aside and write what can be saved in its place; needs the lock.
@@ -315,23 +363,54 @@ class CheckpointStore:
         place) when the salvage cannot be written.
         """
         salvaged, dropped = salvage(data)
-        checkpoint = self.rebuild(salvaged)
+        restored = 0
+        journaled = self._journaled()
+        if journaled is not None:
+            # The journal holds every record made durable up to its entry; what the file still
+            # holds is at least as new, so its records win.
+            base = journaled[0]
+            restored = len(base.claims.keys() - salvaged.claims.keys())
+            salvaged = base.model_copy(
+                update={
+                    "boot_id": salvaged.boot_id or base.boot_id,
+                    "claims": {**base.claims, **salvaged.claims},
+                    "generation": max(base.generation, salvaged.generation),
+                }
+            )
+        checkpoint = _next_generation(self.rebuild(salvaged))
         moved_to = self._move_aside()
         try:
             self._write(lock_fd, checkpoint, durable=True)
         except OSError:
             os.replace(moved_to, self.path)
             raise
-        kept = len(salvaged.claims)
-        saved = f"kept {kept} claim record(s), rebuilt {len(checkpoint.claims) - kept}"
+        kept = len(salvaged.claims) - restored
+        saved = f"kept {kept} claim record(s)"
+        if restored:
+            saved += f", restored {restored} from the journal"
+        saved += f", rebuilt {len(checkpoint.claims) - kept - restored}"
         return moved_to, saved + (f", dropped: {'; '.join(dropped)}" if dropped else "")
 
     def _write(self, lock_fd: int, checkpoint: Checkpoint, *, durable: bool) -> None:
-        # Token before file: a crash in between only makes readers re-read.
-        os.pwrite(lock_fd, os.urandom(TOKEN_BYTES // 2).hex().encode(), 0)
-        atomicfile.write_atomic(self.path, encode(checkpoint), durable=durable)
+        """Write ``checkpoint`` (its generation above the file's); ``durable``: via the journal."""
+        data = encode(checkpoint)
+        slot = self._journal.write(checkpoint.generation, data) if durable else None
+        try:
+            self._replace_file(lock_fd, data)
+        except BaseException:
+            if slot is not None:
+                # Not written after all (a full disk): the journal must not bring it back.
+                with contextlib.suppress(OSError):
+                    self._journal.drop(slot)
+            raise
         self._cache = _Cache(checkpoint, self._stamp(lock_fd))
         self.writes = (self.writes[0] + 1, self.writes[1] + durable)
+
+    def _replace_file(self, lock_fd: int, data: bytes) -> None:
+        # Token before file: a crash in between only makes readers re-read. Not fsynced: the
+        # journal is what survives a power loss (see the module docstring).
+        os.pwrite(lock_fd, os.urandom(TOKEN_BYTES // 2).hex().encode(), 0)
+        atomicfile.write_atomic(self.path, data, durable=False)
 
     def remove_temp_files(self) -> int:
         """Remove temp files of writers killed mid-write (see the module docstring)."""
@@ -381,7 +460,7 @@ class CheckpointStore:
     def _commit(self, batch: list[_Pending]) -> None:
         try:
             with self._file_lock() as fd:
-                checkpoint = self._read(fd)
+                checkpoint = _next_generation(self._read(fd))
                 applied: list[_Pending] = []
                 for item in batch:
                     try:
@@ -400,6 +479,10 @@ class CheckpointStore:
         finally:
             for item in batch:
                 item.done = True
+
+
+def _next_generation(checkpoint: Checkpoint) -> Checkpoint:
+    return checkpoint.model_copy(update={"generation": checkpoint.generation + 1})
 
 
 def _first_error(exc: pydantic.ValidationError) -> str:

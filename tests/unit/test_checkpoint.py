@@ -65,7 +65,11 @@ def test_round_trip(tmp_path: Path) -> None:
     assert loaded == written
     assert loaded.claims["uid-1"].devices[0].uuid == "GPU-1"
     assert loaded.boot_id == "boot-1"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint.journal-0",  # the durable write; the next one goes to journal-1
+        "checkpoint.json",
+        "checkpoint.lock",
+    ]
     assert json.loads((tmp_path / "checkpoint.json").read_text())["version"] == SCHEMA_VERSION
 
 
@@ -153,8 +157,8 @@ def test_corruption_is_reported_and_file_moved_aside(
     assert reason in str(info.value)
     assert info.value.moved_to == tmp_path / "checkpoint.json.corrupt-19700101T000000Z"
     assert info.value.moved_to.read_bytes() == content
-    assert store.load() == Checkpoint()  # keeps serving with what could be saved: nothing
-    assert CheckpointStore(tmp_path).load() == Checkpoint(), "the salvage is on disk"
+    assert store.load().claims == {}  # keeps serving with what could be saved: nothing
+    assert CheckpointStore(tmp_path).load().claims == {}, "the salvage is on disk"
     (tmp_path / "checkpoint.json").write_bytes(content)
     with pytest.raises(CheckpointCorrupt) as again:
         store.load()
@@ -259,13 +263,14 @@ def test_temp_files_of_a_live_writer_are_kept(tmp_path: Path) -> None:
     goes only when the sweep gets the lock, and by then the writer has renamed it."""
     store = CheckpointStore(tmp_path)
     store.update(add("uid-1"), durable=True)
+    theirs = CheckpointStore(tmp_path).load().without_claim("uid-1").with_claim("uid-2", RECORD)
     dead = tmp_path / f".checkpoint.json.tmp-{os.getpid()}"
     dead.write_bytes(b"{half a fi")
     live = tmp_path / ".checkpoint.json.tmp-1"
     swept: list[int] = []
     sweeper = threading.Thread(target=lambda: swept.append(store.remove_temp_files()))
     with atomicfile.locked(tmp_path / "checkpoint.lock"):  # what the other writer holds
-        live.write_bytes(encode(Checkpoint().with_claim("uid-2", RECORD)))
+        live.write_bytes(encode(theirs))
         sweeper.start()
         sweeper.join(0.5)
         assert sweeper.is_alive() and live.exists() and dead.exists()

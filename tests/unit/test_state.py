@@ -299,6 +299,8 @@ def test_corrupt_checkpoint_then_restart_keeps_every_prepared_claim(env: Env) ->
     answers = state.prepare([ref("u1"), ref("u2")])
     specs = {u: cdi.spec_path(env.cdi_root, ClaimUID(u)).read_text() for u in ("u1", "u2")}
     (env.state_dir / "checkpoint.json").write_text("{not json")
+    for entry in env.state_dir.glob("checkpoint.journal-*"):
+        entry.unlink()  # the journal lost as well: the specs are all that is left
 
     first = env.state().start()
     second = env.state().start()  # the next clean start must not take them for orphans
@@ -322,6 +324,21 @@ def test_corrupt_checkpoint_then_restart_keeps_every_prepared_claim(env: Env) ->
     assert not records["u1"].from_spec and not records["u2"].from_spec
     assert restarted.unprepare([ref("u1"), ref("u2")]) == {"u1": "", "u2": ""}
     assert env.specs() == set() and env.checkpoint_claims() == {}
+
+
+def test_corrupt_checkpoint_keeps_full_records_from_its_journal(env: Env) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0", "train")]))
+    env.fetcher.add(claim("u2", [result(MIG, "infer")]))
+    state = env.state()
+    answers = state.prepare([ref("u1"), ref("u2")])
+    (env.state_dir / "checkpoint.json").write_text("{not json")
+
+    report = env.state().start()
+    assert report.corrupt is not None
+    assert "kept 0 claim record(s), restored 2 from the journal, rebuilt 0" in report.corrupt
+    records = CheckpointStore(env.state_dir).load().claims
+    assert not records["u1"].from_spec and not records["u2"].from_spec
+    assert env.state().prepare([ref("u1"), ref("u2")]) == answers
 
 
 def test_a_spec_that_cannot_be_read_back_is_reported_and_kept(env: Env) -> None:
@@ -507,8 +524,8 @@ def test_prepared_devices_are_those_of_prepared_claims(env: Env) -> None:
 
 
 # Runs a prepare in a child process that SIGKILLs itself at its Nth atomic rename, i.e. with that
-# file's temp copy written and not yet renamed (1: the PrepareCompleted checkpoint; 2: the spec,
-# its record durable).
+# file's temp copy written and not yet renamed (1: the PrepareCompleted checkpoint, its journal
+# entry durable; 2: the spec, its record durable).
 _KILLED_MID_WRITE = """
 import os, signal, sys
 from pathlib import Path
@@ -553,9 +570,9 @@ def test_sigkill_mid_write_leaves_a_temp_file_the_next_start_removes(
     report = env.state().start()
     assert [n for n in temp_files() if ".tmp-" in n] == []
     assert report.temp_files_removed == 1
-    # Killed before its rename, the record is not there (nothing to repair); killed before the
-    # spec's rename, the record is durable and start puts its spec in place.
-    assert report.rewritten == (() if kill_at == 1 else ("u1",))
+    # Either way the record is durable (in the journal, or the file too) and start puts its spec
+    # in place; the kubelet's retry gets the answer from the record.
+    assert report.rewritten == ("u1",)
     env.fetcher.add(claim("u1", [result("gpu-0")]))
     assert env.state().prepare([ref("u1")])[ClaimUID("u1")].error == ""
     assert env.specs() == {"u1"} and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}

@@ -1,0 +1,109 @@
+"""What a durable checkpoint write costs: the journal against a fsynced rename.
+
+Usage: ``.venv/bin/python bench/durable_write.py [--count 500] [--rounds 5] [--claims 64]
+[--dir PATH]``
+
+In a temp directory under ``--dir`` (default ``/var/tmp``: a disk, not tmpfs; give the state
+directory's file system to measure that one), a checkpoint holding ``--claims`` records is
+written ``--count`` times per round, alternating the two ways round by round:
+
+1. ``fsynced rename``: ``atomicfile.write_atomic(durable=True)``, what a durable write was before
+   the journal (temp file, ``fsync``, ``rename``, directory ``fsync``);
+2. ``journal``: ``CheckpointStore``'s durable write now: the journal slot overwritten in place
+   and ``fdatasync``ed, then the file replaced without fsync.
+
+Prints the median over rounds of the wall ms per write (p50 and p99 within the round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dra_gpu.kubeletplugin import atomicfile  # noqa: E402
+from dra_gpu.prepare import checkpoint, journal  # noqa: E402
+
+
+def content(claims: int) -> bytes:
+    device = checkpoint.DeviceRecord(
+        request_names=("gpu",),
+        pool="node-a",
+        device="gpu-0",
+        cdi_device_ids=("k8s.gpu.nvidia.com/claim=0123-gpu-0",),
+        type="gpu",
+        uuid="GPU-00000000-0000-0000-0000-000000000000",
+        minor=0,
+        product_name="NVIDIA H200",
+    )
+    record = checkpoint.ClaimRecord(
+        state=checkpoint.PREPARE_COMPLETED, namespace="default", name="c", devices=(device,)
+    )
+    cp = checkpoint.Checkpoint(claims={f"uid-{n:04d}": record for n in range(claims)})
+    return checkpoint.encode(cp)
+
+
+def fsynced_rename(directory: Path, data: bytes) -> Callable[[int], None]:
+    path = directory / "checkpoint.json"
+    return lambda _: atomicfile.write_atomic(path, data, durable=True)
+
+
+def journaled(directory: Path, data: bytes) -> Callable[[int], None]:
+    path = directory / "checkpoint.json"
+    slots = journal.Journal(directory)
+
+    def write(generation: int) -> None:
+        slots.write(generation, data)
+        atomicfile.write_atomic(path, data, durable=False)
+
+    return write
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--claims", type=int, default=64)
+    parser.add_argument("--dir", type=Path, default=Path("/var/tmp"))
+    args = parser.parse_args()
+    data = content(args.claims)
+    results: dict[str, list[tuple[float, float]]] = {"fsynced rename": [], "journal": []}
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="durable-write-") as tmp:
+        ways = {
+            "fsynced rename": fsynced_rename(Path(tmp) / "a", data),
+            "journal": journaled(Path(tmp) / "b", data),
+        }
+        for r in range(args.rounds):
+            for name in list(ways) if r % 2 == 0 else list(ways)[::-1]:
+                write = ways[name]
+                for n in range(20):  # warm-up: files created, slots at their size
+                    write(n)
+                times = []
+                for n in range(args.count):
+                    started = time.perf_counter()
+                    write(1000 + n)
+                    times.append((time.perf_counter() - started) * 1e3)
+                times.sort()
+                results[name].append((times[len(times) // 2], times[int(len(times) * 0.99)]))
+    print(
+        f"checkpoint of {args.claims} claims: {len(data)} bytes; {args.count} writes x "
+        f"{args.rounds} rounds in {args.dir}"
+    )
+    print("| durable write | p50 ms | p99 ms |")
+    print("|---|---:|---:|")
+    for name, rounds in results.items():
+        p50 = statistics.median(r[0] for r in rounds)
+        p99 = statistics.median(r[1] for r in rounds)
+        print(f"| {name} | {p50:.3f} | {p99:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
