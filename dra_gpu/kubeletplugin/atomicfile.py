@@ -98,13 +98,23 @@ def remove(path: Path) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[int]:
-    """Hold the exclusive lock on ``path`` (created, with its directory, if missing) for the
-    block; yields its fd."""
+def acquire(path: Path) -> int:
+    """An fd holding the exclusive lock on ``path`` (created, with its directory, if missing);
+    closing it releases the lock, whichever thread closes it."""
     fd = open_creating_dir(path, os.O_RDWR | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[int]:
+    """Hold the exclusive lock on ``path`` for the block (see :func:`acquire`); yields its fd."""
+    fd = acquire(path)
+    try:
         yield fd
     finally:
         os.close(fd)  # closing releases the lock

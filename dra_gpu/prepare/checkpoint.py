@@ -33,8 +33,9 @@ a plain completed record). Version 4 (current) added ``generation``, raised by e
 older plugin keeps it unchanged when it writes, which the journal's rule below allows for).
 
 Durability: a write that must survive a power loss goes first to the journal
-(:mod:`journal`: one in-place write and an ``fdatasync``), then the JSON file is replaced
-without fsync. Whenever the file is read from disk, the journal's newest entry is read too; if
+(:mod:`journal`: one in-place write and an ``fdatasync``); its callers are answered then, and the
+JSON file is replaced (without fsync) by one background thread that holds the file lock until
+it is done, so every reader that takes the lock sees the file with the write. Whenever the file is read from disk, the journal's newest entry is read too; if
 its generation is above the file's, the file lost writes in a power loss and is replaced by the
 journal's state. An equal generation means the file is at least as new (an older plugin's write
 keeps the generation), so the file wins. A missing file is restored from the journal as well,
@@ -56,6 +57,7 @@ import functools
 import json
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -238,10 +240,39 @@ class _Pending:
     error: BaseException | None = None
 
 
+_Stamp = tuple[bytes, tuple[int, int, int] | None]  # (write token, file identity)
+
+
 @dataclass
 class _Cache:
     checkpoint: Checkpoint
-    stamp: tuple[bytes, tuple[int, int, int] | None]  # (write token, file identity)
+    stamp: _Stamp | None  # None: journaled, the file not replaced yet (the next read re-reads)
+
+
+class _FileWriter:
+    """The thread that replaces ``checkpoint.json`` after a durable write's journal entry, so
+    that the caller answers without waiting for it (one for the process: commits are rare and
+    short, and each holds the file lock until its job is done)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._start:
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, name="checkpoint-file", daemon=True)
+                thread.start()
+                self._thread = thread
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            self._jobs.get()()
+
+
+_FILE_WRITER = _FileWriter()
 
 
 @dataclass
@@ -281,7 +312,7 @@ class CheckpointStore:
         with atomicfile.locked(self._lock_path) as fd:
             yield fd
 
-    def _stamp(self, lock_fd: int) -> tuple[bytes, tuple[int, int, int] | None]:
+    def _stamp(self, lock_fd: int) -> _Stamp:
         """What identifies the file's current content without reading it.
 
         Every commit first writes a fresh token into the lock file, so a change by another
@@ -400,8 +431,7 @@ class CheckpointStore:
         except BaseException:
             if slot is not None:
                 # Not written after all (a full disk): the journal must not bring it back.
-                with contextlib.suppress(OSError):
-                    self._journal.drop(slot)
+                self._journal.drop(slot)
             raise
         self._cache = _Cache(checkpoint, self._stamp(lock_fd))
         self.writes = (self.writes[0] + 1, self.writes[1] + durable)
@@ -433,9 +463,11 @@ class CheckpointStore:
     def update(self, mutate: Mutation, *, durable: bool) -> Checkpoint:
         """Apply ``mutate`` to the latest checkpoint and persist it; returns the new value.
 
-        ``durable`` waits for fsync (a power loss cannot undo it); without it the write is only
-        atomic, which is enough for records a reboot makes moot. Exceptions from ``mutate``
-        propagate and leave the checkpoint unchanged.
+        ``durable`` waits until the journal has it (a power loss cannot undo it); the file is
+        replaced right after, on the file writer's thread, still under the file lock, so no
+        other reader sees the file without it. Without ``durable`` the write of the file itself
+        is waited for, atomic but not fsynced: enough for records a reboot makes moot.
+        Exceptions from ``mutate`` propagate and leave the checkpoint unchanged.
         """
         pending = _Pending(mutate, durable)
         with self._cond:
@@ -458,27 +490,59 @@ class CheckpointStore:
         return pending.result
 
     def _commit(self, batch: list[_Pending]) -> None:
+        fd: int | None = None
         try:
-            with self._file_lock() as fd:
-                checkpoint = _next_generation(self._read(fd))
-                applied: list[_Pending] = []
-                for item in batch:
-                    try:
-                        checkpoint = item.mutate(checkpoint)
-                    except Exception as exc:  # one mutation's failure is its caller's only
-                        item.error = exc
-                    else:
-                        item.result = checkpoint
-                        applied.append(item)
-                if applied:
-                    self._write(fd, checkpoint, durable=any(item.durable for item in applied))
+            fd = atomicfile.acquire(self._lock_path)
+            checkpoint = _next_generation(self._read(fd))
+            applied: list[_Pending] = []
+            for item in batch:
+                try:
+                    checkpoint = item.mutate(checkpoint)
+                except Exception as exc:  # one mutation's failure is its caller's only
+                    item.error = exc
+                else:
+                    item.result = checkpoint
+                    applied.append(item)
+            if applied and any(item.durable for item in applied):
+                self._journal_then_file(fd, checkpoint)
+                fd = None  # the file writer's now: it releases the lock
+            elif applied:
+                self._write(fd, checkpoint, durable=False)
         except BaseException as exc:
             for item in batch:
                 if item.error is None:
                     item.error = exc
         finally:
+            if fd is not None:
+                os.close(fd)
             for item in batch:
                 item.done = True
+
+    def _journal_then_file(self, lock_fd: int, checkpoint: Checkpoint) -> None:
+        """A durable write: the journal entry now (the callers may answer once it is on disk),
+        the file on the file writer's thread, which closes ``lock_fd`` when done."""
+        data = encode(checkpoint)
+        self._journal.write(checkpoint.generation, data)
+        self.writes = (self.writes[0] + 1, self.writes[1] + 1)
+        self._cache = _Cache(checkpoint, None)  # peek() sees it; load() waits for the file
+        _FILE_WRITER.submit(functools.partial(self._replace_journaled, lock_fd, checkpoint, data))
+
+    def _replace_journaled(self, lock_fd: int, checkpoint: Checkpoint, data: bytes) -> None:
+        try:
+            self._replace_file(lock_fd, data)
+            self._cache = _Cache(checkpoint, self._stamp(lock_fd))
+        except Exception as exc:
+            # Durable already: the next read finds the file behind the journal and retries.
+            self._cache = None
+            log.error(
+                "checkpoint %s: generation %d is in the journal but the file was not replaced "
+                "(%s); the next read of the checkpoint replaces it",
+                self.path,
+                checkpoint.generation,
+                exc,
+            )
+        finally:
+            os.close(lock_fd)
 
 
 def _next_generation(checkpoint: Checkpoint) -> Checkpoint:

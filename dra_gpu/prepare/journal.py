@@ -22,6 +22,7 @@ the journal kept. The callers hold the checkpoint's file lock around every call.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zlib
@@ -94,15 +95,21 @@ class Journal:
         if not self._known:
             self.read()
         slot = 0 if self._newest_slot is None else 1 - self._newest_slot
-        _write_slot(self._paths[slot], encode_slot(generation, data))
+        try:
+            _write_slot(self._paths[slot], encode_slot(generation, data))
+        except OSError:
+            # Written but maybe not on disk (the sync failed): no reader may take it as newest.
+            self.drop(slot)
+            raise
         self._newest_slot = slot
         return slot
 
     def drop(self, slot: int) -> None:
-        """Invalidate what :meth:`write` put in ``slot`` (its caller could not complete the
-        write of the checkpoint file): the entry before it is the newest again."""
+        """Invalidate what :meth:`write` put in ``slot`` (best effort, not synced: the entry
+        was never acknowledged); the entry before it is the newest again."""
         self._known = False  # whatever happens below, read the files again next time
-        _write_slot(self._paths[slot], bytes(HEADER_SIZE), create=False)
+        with contextlib.suppress(OSError):
+            _write_slot(self._paths[slot], bytes(HEADER_SIZE), create=False, sync=False)
 
 
 def _read_slot(path: str) -> Entry | None:
@@ -117,8 +124,9 @@ def _read_slot(path: str) -> Entry | None:
         os.close(fd)
 
 
-def _write_slot(path: str, content: bytes, *, create: bool = True) -> None:
-    """Overwrite the start of ``path`` with ``content`` and wait until it is on disk."""
+def _write_slot(path: str, content: bytes, *, create: bool = True, sync: bool = True) -> None:
+    """Overwrite the start of ``path`` with ``content`` and (``sync``) wait until it is on
+    disk."""
     created = False
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -135,7 +143,7 @@ def _write_slot(path: str, content: bytes, *, create: bool = True) -> None:
         # write. A new or longer file makes it flush the size as well, which is right.
         if created:
             os.fsync(fd)
-        else:
+        elif sync:
             os.fdatasync(fd)
     finally:
         os.close(fd)

@@ -52,6 +52,13 @@ DEVICE = DeviceRecord(
 RECORD = ClaimRecord(state=PREPARE_COMPLETED, namespace="ns", name="c", devices=(DEVICE,))
 
 
+def file_text(state_dir: Path) -> str:
+    """The file as another instance reads it: under the lock, which a durable write holds until
+    the file is replaced."""
+    with atomicfile.locked(state_dir / "checkpoint.lock"):
+        return (state_dir / "checkpoint.json").read_text()
+
+
 def add(uid: str, record: ClaimRecord = RECORD) -> Callable[[Checkpoint], Checkpoint]:
     return lambda cp: cp.with_claim(uid, record)
 
@@ -70,7 +77,7 @@ def test_round_trip(tmp_path: Path) -> None:
         "checkpoint.json",
         "checkpoint.lock",
     ]
-    assert json.loads((tmp_path / "checkpoint.json").read_text())["version"] == SCHEMA_VERSION
+    assert json.loads(file_text(tmp_path))["version"] == SCHEMA_VERSION
 
 
 VERSION_1 = {
@@ -118,7 +125,7 @@ def test_unknown_fields_load_and_survive_a_rewrite(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     assert store.load().claims["uid-1"].state == PREPARE_COMPLETED
     store.update(add("uid-2"), durable=True)
-    rewritten = json.loads((tmp_path / "checkpoint.json").read_text())
+    rewritten = json.loads(file_text(tmp_path))
     assert rewritten["futureTopLevel"] == {"x": 1}
     assert rewritten["claims"]["uid-1"]["futureClaimField"] == "kept"
     assert rewritten["claims"]["uid-1"]["devices"][0]["futureDeviceField"] == 7
@@ -169,7 +176,7 @@ def test_one_bad_record_drops_only_itself(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, clock=lambda: 0.0)
     store.update(add("good-1"), durable=True)
     store.update(add("good-2"), durable=True)
-    raw = json.loads((tmp_path / "checkpoint.json").read_text())
+    raw = json.loads(file_text(tmp_path))
     raw["claims"]["bad"] = {**raw["claims"]["good-1"], "devices": [{"device": 7}]}
     (tmp_path / "checkpoint.json").write_text(json.dumps(raw))
     rebuilt = RECORD.model_copy(update={"name": "from-elsewhere", "from_spec": True})
