@@ -457,6 +457,12 @@ class CheckpointStore:
 
     def load(self) -> Checkpoint:
         """The current checkpoint; raises CheckpointCorrupt (after moving the file aside)."""
+        cache = self._cache
+        if cache is not None and cache.stamp is None:
+            # This process's last write, whose file the writer is still replacing under the
+            # lock: nobody else can have written since. Waiting for the lock would make a
+            # burst of prepares queue behind every rename.
+            return cache.checkpoint
         with self._file_lock() as fd:
             return self._read(fd)
 
