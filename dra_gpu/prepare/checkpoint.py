@@ -33,13 +33,14 @@ a plain completed record). Version 4 (current) added ``generation``, raised by e
 older plugin keeps it unchanged when it writes, which the journal's rule below allows for).
 
 Durability: a write that must survive a power loss goes first to the journal
-(:mod:`journal`: one in-place write and an ``fdatasync``); its callers are answered then, and the
-JSON file is replaced (without fsync) by one background thread that holds the file lock until
-it is done, so every reader that takes the lock sees the file with the write. Whenever the file is read from disk, the journal's newest entry is read too; if
-its generation is above the file's, the file lost writes in a power loss and is replaced by the
-journal's state. An equal generation means the file is at least as new (an older plugin's write
-keeps the generation), so the file wins. A missing file is restored from the journal as well,
-and a corrupt one is salvaged on top of the journal's state.
+(:mod:`journal`: one in-place write and an ``fdatasync``); its callers are answered then, and
+the JSON file is replaced (without fsync) by one background thread that holds the file lock
+until it is done, so every reader that takes the lock sees the file with the write. Whenever the
+file is read from disk, the journal's newest entry is read too; if its generation is above the
+file's, the file lost writes in a power loss and is replaced by the journal's state. An equal
+generation means the file is at least as new (an older plugin's write keeps the generation), so
+the file wins. A missing file is restored from the journal as well, and a corrupt one is
+salvaged on top of the journal's state.
 
 Concurrency: :class:`CheckpointStore` applies mutations as a group commit. Threads queue pure
 mutation functions; one of them, holding an ``flock`` on ``checkpoint.lock`` (shared with another
