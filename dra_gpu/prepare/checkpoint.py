@@ -531,8 +531,14 @@ class CheckpointStore:
         data = encode(checkpoint)
         self._journal.write(checkpoint.generation, data)
         self.writes = (self.writes[0] + 1, self.writes[1] + 1)
-        self._cache = _Cache(checkpoint, None)  # peek() sees it; load() waits for the file
-        _FILE_WRITER.submit(functools.partial(self._replace_journaled, lock_fd, checkpoint, data))
+        self._cache = _Cache(checkpoint, None)  # peek() and load() see it before the file has it
+        try:
+            _FILE_WRITER.submit(
+                functools.partial(self._replace_journaled, lock_fd, checkpoint, data)
+            )
+        except BaseException:
+            self._cache = None  # the file stays behind the journal: the next read repairs it
+            raise
 
     def _replace_journaled(self, lock_fd: int, checkpoint: Checkpoint, data: bytes) -> None:
         try:
