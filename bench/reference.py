@@ -25,6 +25,11 @@ Each pass measures both plugins, the order alternating between passes. Per plugi
 - then, restarted with a pod UID (rolling-update mode, as the chart deploys it: calls
   serialized node-wide), R rounds of 64 prepares at once.
 
+Then, paired (``--paired N``, default 600): both plugins running at once, N cycles that
+alternate between them (the first of each pair flipping every cycle), so that each pair of
+samples meets the same machine; a busy 2-core machine moves one pass's latencies by 10-20 %
+against the next, while the pairs agree within a few per cent.
+
 Prints one table over all passes (latencies: percentiles of all samples; CPU, claims/s, start:
 medians; RSS: the largest), with ratios dra-gpu / reference (below 1.0 is better for dra-gpu in
 every row except claims/s, where above 1.0 is). Defaults: 4 passes of 300 cycles, i.e. 1,200
@@ -56,10 +61,12 @@ from bench.plugin_startup import SliceWatch, rss_mib  # noqa: E402
 from bench.prepare import at_once, latency, make_claims, pct  # noqa: E402
 from dra_gpu import DRIVER_NAME  # noqa: E402
 from dra_gpu.controller import classes  # noqa: E402
+from dra_gpu.pb import dra_v1_pb2_grpc  # noqa: E402
 from e2e import binaries, procs  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
 from e2e.driver import PluginDirs, plugin_argv  # noqa: E402
 from e2e.kube_json import as_body  # noqa: E402
+from e2e.kubelet_calls import call  # noqa: E402
 
 DEVICES = 64
 REFERENCE_MODULE = "sigs.k8s.io/dra-example-driver"
@@ -148,6 +155,8 @@ class Figures:
     unprepare_rate: list[float] = field(default_factory=list)
     start_ms: list[float] = field(default_factory=list)
     rss_mib: list[float] = field(default_factory=list)
+    paired_prepare_ms: list[float] = field(default_factory=list)
+    paired_unprepare_ms: list[float] = field(default_factory=list)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -203,6 +212,35 @@ def measure(
     return figures
 
 
+def paired(
+    subjects: Sequence[Subject],
+    roots: dict[str, Path],
+    api: Any,
+    claims: dict[str, list[Any]],
+    cycles: int,
+    figures: dict[str, Figures],
+) -> None:
+    """Both plugins up; ``cycles`` prepare + unprepare cycles alternating between them."""
+    with contextlib.ExitStack() as stack:
+        stubs = {}
+        for subject in subjects:
+            watch = SliceWatch(api, subject.node, driver=subject.driver, devices=DEVICES)
+            _, socket, _ = stack.enter_context(running(subject, roots[subject.name], watch, None))
+            channel = stack.enter_context(grpc.insecure_channel(f"unix://{socket}"))
+            stubs[subject.name] = dra_v1_pb2_grpc.DRAPluginStub(channel)
+        for i in range(cycles + 10):
+            for subject in subjects if i % 2 == 0 else subjects[::-1]:
+                claim = claims[subject.name][i % len(claims[subject.name])]
+                t0 = time.perf_counter()
+                call(stubs[subject.name], "prepare", claim)
+                t1 = time.perf_counter()
+                call(stubs[subject.name], "unprepare", claim)
+                t2 = time.perf_counter()
+                if i >= 10:  # warm-up
+                    figures[subject.name].paired_prepare_ms.append((t1 - t0) * 1e3)
+                    figures[subject.name].paired_unprepare_ms.append((t2 - t1) * 1e3)
+
+
 def merge(into: Figures, more: Figures) -> None:
     for name, values in vars(more).items():
         getattr(into, name).extend(values)
@@ -229,6 +267,16 @@ def table(ours: Figures, theirs: Figures) -> str:
                 "unprepare p50 / p99 ms",
                 [pct(ours.unprepare_ms, 0.5), pct(ours.unprepare_ms, 0.99)],
                 [pct(theirs.unprepare_ms, 0.5), pct(theirs.unprepare_ms, 0.99)],
+            ),
+            row(
+                "paired: prepare p50 / p99 ms",
+                [pct(ours.paired_prepare_ms, 0.5), pct(ours.paired_prepare_ms, 0.99)],
+                [pct(theirs.paired_prepare_ms, 0.5), pct(theirs.paired_prepare_ms, 0.99)],
+            ),
+            row(
+                "paired: unprepare p50 / p99 ms",
+                [pct(ours.paired_unprepare_ms, 0.5), pct(ours.paired_unprepare_ms, 0.99)],
+                [pct(theirs.paired_unprepare_ms, 0.5), pct(theirs.paired_unprepare_ms, 0.99)],
             ),
             row(
                 "plugin CPU per prepare+unprepare ms",
@@ -269,6 +317,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=300, help="sequential cycles per pass")
     parser.add_argument("--rounds", type=int, default=3, help="64-at-once rounds per pass")
     parser.add_argument("--passes", type=int, default=4, help="passes over both plugins")
+    parser.add_argument("--paired", type=int, default=600, help="alternated cycles, both up")
     args = parser.parse_args()
     binary = reference_binary()
     suffix = uuid.uuid4().hex[:6]
@@ -302,12 +351,15 @@ def main() -> int:
                 measured = measure(subject, root, api, claims[subject.name], args)
                 merge(figures[subject.name], measured)
                 print(f"pass {n + 1}: {subject.name} done", file=sys.stderr, flush=True)
+        roots = {s.name: Path(tmp) / s.name.replace(" ", "-") for s in subjects}
+        loads.append(os.getloadavg()[0])
+        paired(subjects, roots, api, claims, args.paired, figures)
         api.close()
     ours, theirs = (figures[s.name] for s in subjects)
     print(
         f"{args.passes} passes, {args.samples} cycles and {args.rounds} rounds per pass and "
-        f"plugin; load average (1 min) at the passes: {', '.join(f'{x:.2f}' for x in loads)} "
-        f"on {os.cpu_count()} CPUs"
+        f"plugin, then {args.paired} paired cycles; load average (1 min) at the passes and the "
+        f"pairs: {', '.join(f'{x:.2f}' for x in loads)} on {os.cpu_count()} CPUs"
     )
     print(table(ours, theirs))
     return 0
