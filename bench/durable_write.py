@@ -33,18 +33,25 @@ from dra_gpu.prepare import checkpoint, journal  # noqa: E402
 
 
 def content(claims: int) -> bytes:
-    device = checkpoint.DeviceRecord(
-        request_names=("gpu",),
-        pool="node-a",
-        device="gpu-0",
-        cdi_device_ids=("k8s.gpu.nvidia.com/claim=0123-gpu-0",),
-        type="gpu",
-        uuid="GPU-00000000-0000-0000-0000-000000000000",
-        minor=0,
-        product_name="NVIDIA H200",
-    )
-    record = checkpoint.ClaimRecord(
-        state=checkpoint.PREPARE_COMPLETED, namespace="default", name="c", devices=(device,)
+    # One full-GPU record as prepare writes it (about 580 bytes of JSON each).
+    record = checkpoint.ClaimRecord.model_validate(
+        {
+            "state": checkpoint.PREPARE_COMPLETED,
+            "namespace": "default",
+            "name": "c",
+            "devices": [
+                {
+                    "request_names": ["gpu"],
+                    "pool": "node-a",
+                    "device": "gpu-0",
+                    "cdi_device_ids": ["k8s.gpu.nvidia.com/claim=0123-gpu-0"],
+                    "type": "gpu",
+                    "uuid": "GPU-00000000-0000-0000-0000-000000000000",
+                    "minor": 0,
+                    "product_name": "NVIDIA H200",
+                }
+            ],
+        }
     )
     cp = checkpoint.Checkpoint(claims={f"uid-{n:04d}": record for n in range(claims)})
     return checkpoint.encode(cp)

@@ -253,30 +253,25 @@ def table(ours: Figures, theirs: Figures) -> str:
         right = " / ".join(fmt.format(y) for y in b)
         return f"| {label} | {left} | {right} | {ratios} |"
 
+    def tail(samples: Sequence[float]) -> list[float]:
+        return [pct(samples, 0.5), pct(samples, 0.99)]
+
     med = statistics.median
     return "\n".join(
         [
             "| figure | dra-gpu | Go example | ratio |",
             "|---|---:|---:|---:|",
-            row(
-                "prepare p50 / p99 ms",
-                [pct(ours.prepare_ms, 0.5), pct(ours.prepare_ms, 0.99)],
-                [pct(theirs.prepare_ms, 0.5), pct(theirs.prepare_ms, 0.99)],
-            ),
-            row(
-                "unprepare p50 / p99 ms",
-                [pct(ours.unprepare_ms, 0.5), pct(ours.unprepare_ms, 0.99)],
-                [pct(theirs.unprepare_ms, 0.5), pct(theirs.unprepare_ms, 0.99)],
-            ),
+            row("prepare p50 / p99 ms", tail(ours.prepare_ms), tail(theirs.prepare_ms)),
+            row("unprepare p50 / p99 ms", tail(ours.unprepare_ms), tail(theirs.unprepare_ms)),
             row(
                 "paired: prepare p50 / p99 ms",
-                [pct(ours.paired_prepare_ms, 0.5), pct(ours.paired_prepare_ms, 0.99)],
-                [pct(theirs.paired_prepare_ms, 0.5), pct(theirs.paired_prepare_ms, 0.99)],
+                tail(ours.paired_prepare_ms),
+                tail(theirs.paired_prepare_ms),
             ),
             row(
                 "paired: unprepare p50 / p99 ms",
-                [pct(ours.paired_unprepare_ms, 0.5), pct(ours.paired_unprepare_ms, 0.99)],
-                [pct(theirs.paired_unprepare_ms, 0.5), pct(theirs.paired_unprepare_ms, 0.99)],
+                tail(ours.paired_unprepare_ms),
+                tail(theirs.paired_unprepare_ms),
             ),
             row(
                 "plugin CPU per prepare+unprepare ms",
