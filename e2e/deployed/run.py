@@ -46,8 +46,10 @@ from e2e.deployed.env import REAL_NODE_SELECTOR, RELEASES, TAGS, DeployedEnv, Re
 from e2e.suite import runner
 from e2e.suite.kube import RESOURCE, Kube, load_manifests, wait_for
 from e2e.suite.scenarios import BY_NAME, SCENARIOS
+from e2e.waiting import WaitTimeout
 
 TIMEOUT_S = 180.0
+OLD_POD_S = 60.0  # an old plugin pod's termination after helm --wait returned
 FAILED_PREPARE = "FailedPrepareDynamicResources"
 PROBES_HELD = 4
 
@@ -338,13 +340,28 @@ class Checks:
             self.report.figures[f"no plugin registered during the upgrade, {node} (s)"] = seconds
             if seconds:
                 problems.append(f"{node}: no plugin registered for {seconds:.2f} s")
+        returned = time.monotonic()
         for release in RELEASES:
-            pods = self.plugin_pods(release)
+            # helm --wait returns once the new pods are ready; with maxSurge the old ones are
+            # deleted only then, so they may still be terminating: they must go, soon.
+            def replaced(r: Release = release) -> tuple[list[dict[str, Any]]] | None:
+                pods = self.plugin_pods(r)
+                gone = not {p["metadata"]["name"] for p in pods} & old_pods[r.name]
+                return (pods,) if gone else None
+
+            try:
+                (pods,) = wait_for(
+                    f"{release.name}: the old plugin pods gone", replaced, timeout=OLD_POD_S
+                )
+            except WaitTimeout:
+                problems.append(f"{release.name}: an old plugin pod is still there")
+                pods = self.plugin_pods(release)
+            self.report.figures[f"{release.name}: old plugin pods gone after helm (s)"] = (
+                time.monotonic() - returned
+            )
             images = {p["spec"]["containers"][0]["image"] for p in pods}
             if images != {f"dra-gpu:{TAGS[1]}"}:
                 problems.append(f"{release.name}: plugin images after the upgrade {images}")
-            if {p["metadata"]["name"] for p in pods} & old_pods[release.name]:
-                problems.append(f"{release.name}: an old plugin pod is still there")
         for run in [*holding, *live]:
             problems += runner.finish(self.ctx, run)
         problems += self._unprepared_by_new(holding)
