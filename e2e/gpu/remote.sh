@@ -20,8 +20,10 @@ fi
 echo "[remote] parts kept: $(cd "$stage" && ls part-* 2>/dev/null | tr '\n' ' ')"
 [ "$mode" = keep ] && exit 0
 
+cp -f requirements.lock "$stage/requirements.lock"  # the manifest names the one staged for
 (cd "$stage" && sha256sum --quiet -c manifest) || {
-    echo "[remote] parts missing or damaged: carry the rest of .gpu-stage/ first" >&2
+    echo "[remote] parts missing or damaged, or staged for another requirements.lock: carry" \
+        "the rest of .gpu-stage/, or stage again (python -m e2e.gpu.stage)" >&2
     exit 3
 }
 stamp="$root/.unpacked-$(sha256sum "$stage/manifest" | cut -c1-16)"

@@ -14,7 +14,8 @@ harness's binaries, e.g. after ``make test`` or ``make demo``):
 
 One xz-compressed tar, cut into parts of at most ``--part-mib`` MiB (the GPU machine here accepts
 64 MiB a call, repository included), with a ``manifest`` of the parts' SHA-256 so the far side
-knows when it holds all of them and that none was cut short. ``e2e/gpu/remote.sh`` is the far
+knows when it holds all of them and that none was cut short, and of ``requirements.lock``, so that
+parts staged for other dependencies are refused. ``e2e/gpu/remote.sh`` is the far
 side. Binaries are stripped already (``-s -w``); xz roughly quarters them.
 """
 
@@ -99,7 +100,10 @@ def write_parts(items: Iterable[Item], out: Path, *, part_bytes: int) -> list[Pa
                 parts.append(part)
     finally:
         packed.unlink(missing_ok=True)
-    manifest = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in parts)
+    # The lock too: remote.sh checks it against the repository it runs in, so parts staged for
+    # other dependencies (an old .gpu-stage/) are refused instead of failing at an import.
+    hashed = [*parts, REPO / "requirements.lock"]
+    manifest = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in hashed)
     (out / "manifest").write_text(manifest)
     return parts
 
