@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import lzma
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -67,8 +68,19 @@ def test_staged_parts_join_back_into_the_same_files(tmp_path: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(lzma.decompress(joined))) as tar:
         got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
     assert got == files
+    # What remote.sh does: the repository's lock beside the parts, checked with them.
+    shutil.copy(stage.REPO / "requirements.lock", tmp_path / "out" / "requirements.lock")
     check = subprocess.run(["sha256sum", "-c", "manifest"], cwd=tmp_path / "out")
     assert check.returncode == 0
+
+
+def test_parts_staged_for_other_dependencies_fail_the_manifest_check(tmp_path: Path) -> None:
+    _stage(tmp_path, part_bytes=200)
+    (tmp_path / "out" / "requirements.lock").write_text("grpcio==0.1\n")  # another checkout's
+    check = subprocess.run(
+        ["sha256sum", "--quiet", "-c", "manifest"], cwd=tmp_path / "out", capture_output=True
+    )
+    assert check.returncode != 0 and b"requirements.lock: FAILED" in check.stdout
 
 
 def test_a_missing_part_fails_the_manifest_check(tmp_path: Path) -> None:
