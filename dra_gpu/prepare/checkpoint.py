@@ -362,16 +362,17 @@ class CheckpointStore:
             # The file lost writes the journal made durable (a power loss before the file's own
             # write reached the disk, or the file was deleted): the journal's state is the last
             # one any caller was told is durable.
+            newer, data = journaled
             log.warning(
                 "checkpoint %s is behind its journal (generation %d, journal %d); restored %d "
                 "claim record(s) from the journal",
                 self.path,
                 checkpoint.generation,
-                journaled[0].generation,
-                len(journaled[0].claims),
+                newer.generation,
+                len(newer.claims),
             )
-            checkpoint = journaled[0]
-            self._replace_file(lock_fd, journaled[1])
+            checkpoint = newer
+            self._replace_file(lock_fd, data)
             stamp = self._stamp(lock_fd)
         self._cache = _Cache(checkpoint, stamp)
         return checkpoint

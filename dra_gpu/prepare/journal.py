@@ -44,10 +44,13 @@ class Entry:
     data: bytes
 
 
+def _crc(generation: int, data: bytes) -> int:
+    """CRC-32 of generation, length and data: a header torn from its data fails it too."""
+    return zlib.crc32(data, zlib.crc32(struct.pack("<QQ", generation, len(data))))
+
+
 def encode_slot(generation: int, data: bytes) -> bytes:
-    counted = struct.pack("<QQ", generation, len(data))
-    crc = zlib.crc32(data, zlib.crc32(counted))
-    return MAGIC + _FIELDS.pack(generation, len(data), crc) + data
+    return MAGIC + _FIELDS.pack(generation, len(data), _crc(generation, data)) + data
 
 
 def decode_slot(raw: bytes) -> Entry | None:
@@ -58,7 +61,7 @@ def decode_slot(raw: bytes) -> Entry | None:
     data = raw[HEADER_SIZE : HEADER_SIZE + length]
     if len(data) != length:
         return None
-    if zlib.crc32(data, zlib.crc32(struct.pack("<QQ", generation, length))) != crc:
+    if _crc(generation, data) != crc:
         return None
     return Entry(generation, data)
 
@@ -67,7 +70,6 @@ class Journal:
     """The two slots in ``directory``; one owner (the checkpoint store), under its file lock."""
 
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
         self._paths = tuple(os.fspath(directory / name) for name in SLOT_NAMES)
         self._newest_slot: int | None = None  # which slot holds the newest valid entry
         self._known = False  # _newest_slot was read from the files (see read)
