@@ -53,6 +53,7 @@ temp files of writers that died.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import json
@@ -266,7 +267,16 @@ class _FileWriter:
                 thread = threading.Thread(target=self._run, name="checkpoint-file", daemon=True)
                 thread.start()
                 self._thread = thread
+                # A clean exit leaves the file current (not only the journal): the interpreter
+                # runs this before it stops daemon threads.
+                atexit.register(self.drain)
         self._jobs.put(job)
+
+    def drain(self, timeout: float = 10.0) -> None:
+        """Wait until the jobs submitted so far are done (at most ``timeout`` seconds)."""
+        done = threading.Event()
+        self._jobs.put(done.set)
+        done.wait(timeout)
 
     def _run(self) -> None:
         while True:
