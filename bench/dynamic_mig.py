@@ -37,11 +37,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dra_gpu  # noqa: E402
-from dra_gpu.devices import naming, simulated  # noqa: E402
+from dra_gpu.devices import (  # noqa: E402
+    naming,
+    partitions,
+    simulated,
+)
 from dra_gpu.devices.model import Device  # noqa: E402
 from dra_gpu.kube.objects import ResourceClaim  # noqa: E402
 from dra_gpu.kubeletplugin import slices  # noqa: E402
-from dra_gpu.mig import partitions  # noqa: E402
 
 NODE = "bench-node"
 

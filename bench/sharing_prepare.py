@@ -35,9 +35,9 @@ from dra_gpu.kubeletplugin.ids import ClaimUID  # noqa: E402
 from dra_gpu.plugin import inventory  # noqa: E402
 from dra_gpu.prepare import node_facts  # noqa: E402
 from dra_gpu.prepare.plan import ClaimRef  # noqa: E402
+from dra_gpu.prepare.sharing.applied import Sharing, Switches, recording_path  # noqa: E402
+from dra_gpu.prepare.sharing.runner import ProcessRunner, RecordingRunner, Runner  # noqa: E402
 from dra_gpu.prepare.state import DeviceState, StateSettings  # noqa: E402
-from dra_gpu.sharing.applied import Sharing, Switches, recording_path  # noqa: E402
-from dra_gpu.sharing.runner import ProcessRunner, RecordingRunner, Runner  # noqa: E402
 
 NODE = "bench-node"
 SHARING = {

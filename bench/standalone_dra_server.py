@@ -20,7 +20,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.kube.client import connect
 from dra_gpu.kubeletplugin import dra_service, rpcserver
 from dra_gpu.plugin import inventory, prepare_core
-from dra_gpu.sharing.applied import Switches
+from dra_gpu.prepare.sharing.applied import Switches
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:

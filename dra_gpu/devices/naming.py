@@ -10,7 +10,7 @@ Compatibility contract (claims written for NVIDIA's driver must select our devic
 * a GPU with MIG enabled is published only through its MIG devices: its whole-GPU form cannot be
   handed to a container while MIG is on. With dynamic MIG (``GpuInfo.mig_dynamic``) those are
   every (profile, placement) of its table, named as the static MIG device of that placement
-  would be, without ``uuid`` (prepare creates the device; ``dra_gpu.mig.partitions``).
+  would be, without ``uuid`` (prepare creates the device; ``dra_gpu.devices.partitions``).
 * versions become semver (``580.159.04`` -> ``580.159.4``, ``9.0`` -> ``9.0.0``).
 * ``addressingMode`` is NVML's mode as NVIDIA names it (``None``, ``HMM``, ``ATS``) and is left
   out only where NVML cannot answer (NOT_SUPPORTED); ``pcieRoot`` is left out when unknown rather
@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable
 from types import MappingProxyType
 
-from dra_gpu.devices import migprofiles, model
+from dra_gpu.devices import migprofiles, model, partitions
 from dra_gpu.devices.model import (
     AttributeValue,
     Device,
@@ -32,7 +32,6 @@ from dra_gpu.devices.model import (
     MigPartition,
     Version,
 )
-from dra_gpu.mig import partitions
 
 _NOT_NAME_CHARS = re.compile(r"[^a-z0-9]")
 

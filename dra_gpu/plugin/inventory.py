@@ -50,7 +50,7 @@ def backend_for(
     backend = _backend(simulate, node_name, driver_root, nvml_timeout_s, nvml_observe)
     if not mig_dynamic:
         return backend
-    from dra_gpu.mig.partitions import DynamicMigBackend
+    from dra_gpu.devices.partitions import DynamicMigBackend
 
     return DynamicMigBackend(backend)
 

@@ -59,7 +59,7 @@ def device_state(
 
     from dra_gpu.kubeletplugin import call_lock
     from dra_gpu.plugin import prepare_core
-    from dra_gpu.sharing.applied import Switches
+    from dra_gpu.prepare.sharing.applied import Switches
 
     return prepare_core.make_state(
         driver_name=settings.driver_name,

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 from dra_gpu.devices.model import Device
 from dra_gpu.kube.client import KubeClient
 from dra_gpu.prepare import claims, node_facts
+from dra_gpu.prepare.sharing.applied import Sharing, Switches, recording_path
+from dra_gpu.prepare.sharing.runner import ProcessRunner, RecordingRunner, Runner
 from dra_gpu.prepare.state import CallLock, DeviceState, StateSettings
-from dra_gpu.sharing.applied import Sharing, Switches, recording_path
-from dra_gpu.sharing.runner import ProcessRunner, RecordingRunner, Runner
 
 if TYPE_CHECKING:
     from dra_gpu.mig.dynamic import DynamicMig

@@ -98,7 +98,7 @@ class Settings:
     health_config: Path | None = None
     # Where /metrics is served; None: not served.
     metrics_address: tuple[str, int] | None = None
-    # Sharing applied to the GPUs (dra_gpu.sharing, docs/sharing.md); off: env only.
+    # Sharing applied to the GPUs (dra_gpu.prepare.sharing, docs/sharing.md); off: env only.
     time_slicing_settings: bool = False
     mps_support: bool = False
     # "dynamic": MIG devices are created by prepare (docs/dynamic-mig.md); "static": as found.

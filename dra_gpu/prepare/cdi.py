@@ -200,7 +200,7 @@ def build_spec(
 
     ``claim_ref`` is ``<namespace>/<name>``, put into the environment for humans.
     ``device_edits``: per device name, more ``env`` and ``mounts`` (the MPS daemon's pipe
-    directory and shared memory, from ``dra_gpu.sharing``).
+    directory and shared memory, from ``dra_gpu.prepare.sharing``).
     """
     if not devices:
         raise CDIError(f"claim {claim_uid} has no devices to put in a CDI spec")

@@ -9,7 +9,7 @@ Prepare, per claim (claims of one call are independent: each gets its own result
 3. Only when the prepare changes something outside the plugin's files (sharing switched on, or
    a dynamic MIG device to create): record ``PrepareStarted`` (refused if a device is held by
    another claim and not shared), create the MIG device, apply the sharing settings
-   (``dra_gpu.sharing``: time-slice interval, MPS daemon).
+   (``dra_gpu.prepare.sharing``: time-slice interval, MPS daemon).
 4. Record ``PrepareCompleted`` durably (with the check against other claims' devices, if no
    ``PrepareStarted`` ran it); write the CDI spec; answer. A plain claim thus costs one
    checkpoint write, like the Go reference's.
@@ -86,7 +86,7 @@ from dra_gpu.prepare.checkpoint import (
 )
 from dra_gpu.prepare.node_facts import NodeFacts
 from dra_gpu.prepare.plan import ClaimPlan, PlanError, plan_claim
-from dra_gpu.sharing.applied import Sharing, SharingError
+from dra_gpu.prepare.sharing.applied import Sharing, SharingError
 
 if TYPE_CHECKING:
     from dra_gpu.mig.dynamic import DynamicMig
@@ -206,7 +206,7 @@ class DeviceState:
         mig: DynamicMig | None = None,
     ) -> None:
         self.settings = settings
-        # Time-slicing and MPS applied to the GPUs (dra_gpu.sharing); off unless switched on.
+        # Time-slicing and MPS applied to the GPUs (prepare.sharing); off unless switched on.
         self._sharing = sharing or Sharing.off(settings.state_dir)
         self._mig = mig  # dynamic MIG: instances created by prepare (docs/dynamic-mig.md)
         self._call_lock = call_lock

@@ -3,7 +3,8 @@
 ``demo-h200``'s plugin runs with ``--time-slicing-settings=true`` (docs/sharing.md), so prepare
 sets a claim's interval on its GPU and unprepare puts the GPU back to Default. The GPUs are
 simulated: the plugin records each ``nvidia-smi`` command it would run, one JSON line each, in
-``sharing-commands.jsonl`` of its state directory (``dra_gpu.sharing.runner.RecordingRunner``).
+``sharing-commands.jsonl`` of its state directory
+(``dra_gpu.prepare.sharing.runner.RecordingRunner``).
 The example is the ``gpu-config`` scenario (interval Long) pinned to that node, in its own
 namespace; its row shows the commands recorded while it was prepared, then its pod is deleted
 and the row shows the reset. A simulated node has no kubelet to unprepare the claim when the pod
@@ -22,7 +23,7 @@ from typing import Any
 import grpc
 
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
-from dra_gpu.sharing.applied import recording_path
+from dra_gpu.prepare.sharing.applied import recording_path
 from e2e import kubelet_calls
 from e2e.demo import view as demo_view
 from e2e.demo.env import SHARING_NODE, DemoState, NodeInfo

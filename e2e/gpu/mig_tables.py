@@ -14,9 +14,8 @@ import json
 import sys
 from typing import Any
 
-from dra_gpu.devices import migprofiles, naming
+from dra_gpu.devices import migprofiles, naming, partitions
 from dra_gpu.devices.nvml import NvmlBackend, profile_name
-from dra_gpu.mig import partitions
 
 MAX_PLACEMENTS = 8
 

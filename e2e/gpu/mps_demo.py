@@ -5,7 +5,7 @@ of its own, with its own pipe, log and shm directories in a temp dir):
 
 1. The first full GPU is found with the plugin's NVML backend; a claim's device is built with
    ``GpuConfig`` ``sharing: {strategy: MPS, mpsConfig: {defaultActiveThreadPercentage: P}}``.
-2. ``dra_gpu.sharing.applied.Sharing.apply`` (what prepare runs) starts the claim's daemon and
+2. ``prepare.sharing.applied.Sharing.apply`` (what prepare runs) starts the claim's daemon and
    applies the limit through the control interface.
 3. Two clients run at once as a container would run them: in a mount namespace of their own
    with the CDI edits the plugin would write for the claim (the pipe directory at
@@ -33,9 +33,9 @@ from dra_gpu.devices.model import Device
 from dra_gpu.kubeletplugin.ids import DeviceName
 from dra_gpu.plugin import inventory
 from dra_gpu.prepare.cdi import ClaimDevice
-from dra_gpu.sharing import mps
-from dra_gpu.sharing.applied import Sharing, Switches
-from dra_gpu.sharing.runner import CommandFailed, ProcessRunner
+from dra_gpu.prepare.sharing import mps
+from dra_gpu.prepare.sharing.applied import Sharing, Switches
+from dra_gpu.prepare.sharing.runner import CommandFailed, ProcessRunner
 
 SOURCE = Path(__file__).with_name("mpscheck.cu")
 CLAIM_UID = "3f0c6a52-mps-demo"

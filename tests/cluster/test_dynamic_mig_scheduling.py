@@ -36,9 +36,8 @@ import grpc
 import pytest
 
 import dra_gpu
-from dra_gpu.devices import migprofiles, naming, simulated
+from dra_gpu.devices import migprofiles, naming, partitions, simulated
 from dra_gpu.kubeletplugin import slices
-from dra_gpu.mig import partitions
 from dra_gpu.mig.dynamic import SIMULATED_STATE_NAME
 from dra_gpu.mig.instances import MigInstance
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc

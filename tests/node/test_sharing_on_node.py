@@ -25,9 +25,9 @@ from plugin_swap import replacing
 
 from dra_gpu.prepare.cdi import env_prefix
 from dra_gpu.prepare.checkpoint import PREPARE_STARTED, CheckpointStore
-from dra_gpu.sharing import mps
-from dra_gpu.sharing.applied import recording_path
-from dra_gpu.sharing.runner import Command, recorded
+from dra_gpu.prepare.sharing import mps
+from dra_gpu.prepare.sharing.applied import recording_path
+from dra_gpu.prepare.sharing.runner import Command, recorded
 from e2e import waiting
 from e2e.cluster import Cluster
 from e2e.driver import Driver, PluginProcess

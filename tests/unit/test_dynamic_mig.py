@@ -27,12 +27,11 @@ import pytest
 from fake_claims import FakeFetcher, claim, device_state, result
 from nvml_fakes import FakeGpu, FakeMig, FakeNvml
 
-from dra_gpu.devices import migprofiles, naming, simulated
+from dra_gpu.devices import migprofiles, naming, partitions, simulated
 from dra_gpu.devices.model import Device, GpuInfo, MigPartition
 from dra_gpu.devices.nvml import NvmlBackend
 from dra_gpu.kubeletplugin import slices
 from dra_gpu.kubeletplugin.ids import ClaimUID
-from dra_gpu.mig import partitions
 from dra_gpu.mig.dynamic import DynamicMig
 from dra_gpu.mig.instances import InstanceError, MigInstance, SimulatedInstances
 from dra_gpu.mig.nvml_instances import NvmlInstances

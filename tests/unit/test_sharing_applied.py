@@ -46,10 +46,10 @@ from dra_gpu.kubeletplugin.ids import ClaimUID, DeviceName
 from dra_gpu.prepare import cdi
 from dra_gpu.prepare.cdi_validate import validate_spec
 from dra_gpu.prepare.checkpoint import CheckpointStore
+from dra_gpu.prepare.sharing import mps
+from dra_gpu.prepare.sharing.applied import Sharing, Switches
+from dra_gpu.prepare.sharing.runner import Command, CommandFailed
 from dra_gpu.prepare.state import DeviceState
-from dra_gpu.sharing import mps
-from dra_gpu.sharing.applied import Sharing, Switches
-from dra_gpu.sharing.runner import Command, CommandFailed
 from e2e import waiting
 
 INVENTORY = inventory()
@@ -357,7 +357,7 @@ def test_switches_off_run_nothing(node: Node) -> None:
 
 
 def test_process_runner_bounds_each_call(tmp_path: Path) -> None:
-    from dra_gpu.sharing.runner import ProcessRunner
+    from dra_gpu.prepare.sharing.runner import ProcessRunner
 
     runner = ProcessRunner(tmp_path)
     assert runner.run(Command(("sh", "-c", "echo out; echo err >&2"))) == "out\nerr\n"
@@ -384,7 +384,7 @@ def test_exited_daemons_re_parented_to_the_plugin_are_collected(tmp_path: Path) 
 import ctypes, os, subprocess, time
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 subprocess.run(["sh", "-c", "{fake} & {tmp_path}/other-tool &"], check=True)
-from dra_gpu.sharing import mps
+from dra_gpu.prepare.sharing import mps
 time.sleep(0.5)
 zombies = lambda: sorted(
     open(f"/proc/{{p}}/stat").read().split(")")[0].split("(")[1]

@@ -61,9 +61,9 @@ from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.prepare import cdi
 from dra_gpu.prepare.cdi_validate import validate_spec
 from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, CheckpointStore
+from dra_gpu.prepare.sharing.applied import Sharing, Switches
+from dra_gpu.prepare.sharing.runner import RecordingRunner
 from dra_gpu.prepare.state import FAULT_STEPS, SIDE_EFFECT_FAULT_STEPS, DeviceState
-from dra_gpu.sharing.applied import Sharing, Switches
-from dra_gpu.sharing.runner import RecordingRunner
 from e2e import waiting
 
 INVENTORY = inventory()

@@ -24,7 +24,7 @@ from typing import Any, Final
 from dra_gpu.config import GpuConfig
 from dra_gpu.prepare.cdi import ClaimDevice
 from dra_gpu.prepare.checkpoint import ClaimRecord
-from dra_gpu.sharing.runner import Command
+from dra_gpu.prepare.sharing.runner import Command
 
 DEFAULT: Final = "Default"
 CODES: Final = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}

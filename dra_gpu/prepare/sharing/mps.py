@@ -30,7 +30,7 @@ from dra_gpu.config import MpsConfig
 from dra_gpu.config.quantity import to_bytes
 from dra_gpu.config.v1beta1 import MPS
 from dra_gpu.prepare.cdi import ClaimDevice
-from dra_gpu.sharing.runner import Command, CommandFailed, Runner
+from dra_gpu.prepare.sharing.runner import Command, CommandFailed, Runner
 
 CONTROL: Final = "nvidia-cuda-mps-control"
 CONTAINER_PIPE_DIR: Final = "/tmp/nvidia-mps"

@@ -25,8 +25,8 @@ from typing import Any
 from dra_gpu.errors import UserError
 from dra_gpu.prepare.cdi import ClaimDevice
 from dra_gpu.prepare.checkpoint import ClaimRecord
-from dra_gpu.sharing import mps, timeslice
-from dra_gpu.sharing.runner import CommandFailed, RecordingRunner, Runner
+from dra_gpu.prepare.sharing import mps, timeslice
+from dra_gpu.prepare.sharing.runner import CommandFailed, RecordingRunner, Runner
 
 log = logging.getLogger(__name__)
 
