@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from dra_gpu import DRIVER_NAME  # noqa: E402
 from dra_gpu.kube.objects import ResourceClaim  # noqa: E402
 from dra_gpu.kubeletplugin.ids import ClaimUID  # noqa: E402
-from dra_gpu.plugin import inventory  # noqa: E402
+from dra_gpu.plugin import inventory, platforms  # noqa: E402
 from dra_gpu.prepare import node_facts  # noqa: E402
 from dra_gpu.prepare.plan import ClaimRef  # noqa: E402
 from dra_gpu.prepare.sharing.applied import Sharing, Switches, recording_path  # noqa: E402
@@ -103,7 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.strategy == "timeslicing" and args.runner == "process" and not args.apply_timeslice:
         p.error("time-slicing with --runner process changes the GPU: add --apply-timeslice")
     simulate = "h200x8" if args.backend == "simulated" else None
-    devices = inventory.discover(inventory.backend_for(simulate=simulate, node_name=NODE))
+    devices = inventory.discover(
+        inventory.backend_for(platforms.for_node(simulate=simulate, node_name=NODE))
+    )
     by_name = {d.name: d for d in devices}
     gpu = next(d.name for d in devices if d.type == "gpu")
     root = Path(tempfile.mkdtemp(prefix="sharing-bench-"))

@@ -19,7 +19,7 @@ from pathlib import Path
 from dra_gpu import DRIVER_NAME
 from dra_gpu.kube.client import connect
 from dra_gpu.kubeletplugin import dra_service, rpcserver
-from dra_gpu.plugin import inventory, prepare_core
+from dra_gpu.plugin import inventory, platforms, prepare_core
 from dra_gpu.prepare.sharing.applied import Switches
 
 
@@ -41,16 +41,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    backend = inventory.backend_for(simulate=args.simulate, node_name=args.node_name)
-    devices = {d.name: d for d in inventory.discover(backend)}
+    platform = platforms.SimulatedPlatform(profile=args.simulate, node_name=args.node_name)
+    devices = {d.name: d for d in inventory.discover(inventory.backend_for(platform))}
     state = prepare_core.make_state(
         driver_name=args.driver_name,
         node_name=args.node_name,
         cdi_root=args.cdi_root,
         state_dir=args.state_dir,
-        simulated=True,
-        driver_root=Path("/"),
-        host_driver_root=None,
+        platform=platform,
         inventory=lambda: devices,
         client=connect(args.kubeconfig),
         call_lock=contextlib.nullcontext,

@@ -80,14 +80,15 @@ def make_backend(
     driver_root: Path = Path("/"),
 ) -> GpuBackend:
     """The plugin's own choice of backend (a test replaces this to inject a fake NVML)."""
-    from dra_gpu.plugin import inventory
+    from dra_gpu.plugin import inventory, platforms
 
-    return inventory.backend_for(
+    platform = platforms.for_node(
         simulate=simulate,
         node_name=node_name,
         driver_root=driver_root,
         nvml_timeout_s=nvml_timeout_s,
     )
+    return inventory.backend_for(platform)
 
 
 def render_table(devices: Sequence[Device]) -> str:

@@ -142,18 +142,3 @@ class DynamicMig:
 
 
 SIMULATED_STATE_NAME = "simulated-mig.json"
-
-
-def for_node(*, state_dir: Path, node_name: str, simulated: bool, driver_root: Path) -> DynamicMig:
-    """Dynamic MIG for a node: simulated GPUs keep their instances in the state directory."""
-    instances: MigInstances
-    if simulated:
-        from dra_gpu.mig.instances import SimulatedInstances
-
-        instances = SimulatedInstances(state_dir / SIMULATED_STATE_NAME, node_name=node_name)
-    else:
-        from dra_gpu.devices.nvml import NvmlBackend
-        from dra_gpu.mig.nvml_instances import NvmlInstances
-
-        instances = NvmlInstances(NvmlBackend(driver_root=driver_root))
-    return DynamicMig(state_dir=state_dir, instances=instances)

@@ -1,8 +1,7 @@
 """What the node has to publish: discovery through a backend, and re-discovery on change.
 
-- ``--simulate NAME`` uses a built-in simulated profile; ``--simulate PATH`` a profile file;
-  otherwise NVML, loaded from under the driver root. Discovery errors of single GPUs are logged
-  and those GPUs left out; they never stop the plugin.
+- The backend is the platform's (``platforms``: a simulated profile or NVML). Discovery errors
+  of single GPUs are logged and those GPUs left out; they never stop the plugin.
 - ``Watcher`` re-discovers periodically and tells a listener when the devices changed:
   - a profile *file* every second, by its modification time, size and inode, so a test or a
     demo can change the node's inventory while the plugin runs; a file that no longer parses is
@@ -21,10 +20,14 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dra_gpu.devices import naming
 from dra_gpu.devices.model import Device, GpuBackend
 from dra_gpu.errors import UserError
+
+if TYPE_CHECKING:
+    from dra_gpu.plugin.platforms import NvmlObserver, Platform
 
 log = logging.getLogger(__name__)
 
@@ -36,45 +39,19 @@ class InventoryError(UserError, RuntimeError):
 
 
 def backend_for(
+    platform: Platform,
     *,
-    simulate: str | None,
-    node_name: str,
-    driver_root: Path = Path("/"),
-    nvml_timeout_s: float = 10.0,
-    nvml_observe: Callable[[str, float, str], None] | None = None,
+    observe: NvmlObserver | None = None,
     mig_dynamic: bool = False,
 ) -> GpuBackend:
-    """The simulated backend for ``--simulate``, else NVML (each call reported to
-    ``nvml_observe``); with ``mig_dynamic`` MIG GPUs are published as partitions; raises
-    InventoryError."""
-    backend = _backend(simulate, node_name, driver_root, nvml_timeout_s, nvml_observe)
+    """The platform's backend (each NVML call reported to ``observe``); with ``mig_dynamic``
+    MIG GPUs are published as partitions; raises InventoryError."""
+    backend = platform.backend(observe=observe)
     if not mig_dynamic:
         return backend
     from dra_gpu.devices.partitions import DynamicMigBackend
 
     return DynamicMigBackend(backend)
-
-
-def _backend(
-    simulate: str | None,
-    node_name: str,
-    driver_root: Path,
-    nvml_timeout_s: float,
-    nvml_observe: Callable[[str, float, str], None] | None,
-) -> GpuBackend:
-    if simulate is None:
-        from dra_gpu.devices import nvml  # pynvml only on real nodes
-
-        return nvml.NvmlBackend(
-            driver_root=driver_root, call_timeout_s=nvml_timeout_s, observe=nvml_observe
-        )
-    from dra_gpu.devices import profiles, simulated
-
-    try:
-        profile = profiles.resolve_profile(simulate)
-    except simulated.ProfileError as err:
-        raise InventoryError(str(err)) from err
-    return simulated.SimulatedBackend(profile=profile, node_name=node_name)
 
 
 def discover(backend: GpuBackend) -> list[Device]:
@@ -99,17 +76,6 @@ def discover_with_errors(backend: GpuBackend) -> tuple[list[Device], tuple[str, 
         return naming.build_devices(found.gpus), tuple(str(e) for e in found.errors)
     except ValueError as err:
         raise InventoryError(f"cannot name the discovered devices: {err}") from err
-
-
-def profile_file(simulate: str | None) -> Path | None:
-    """The file behind ``--simulate``, or None for a built-in profile or NVML."""
-    if simulate is None:
-        return None
-    from dra_gpu.devices import simulated
-
-    if simulate in simulated.BUILTIN_PROFILES:
-        return None
-    return Path(simulate)
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:
@@ -189,8 +155,8 @@ class Watcher:
         return True
 
 
-def file_poll(path: Path, node_name: str, *, mig_dynamic: bool = False) -> Poll:
-    """Re-discovers from a simulated profile file when the file changed."""
+def file_poll(path: Path, discover_now: Callable[[], Sequence[Device]]) -> Poll:
+    """Re-discovers (``discover_now``) from a simulated profile file when the file changed."""
     seen = _signature(path)
 
     def poll() -> Sequence[Device] | None:
@@ -199,9 +165,7 @@ def file_poll(path: Path, node_name: str, *, mig_dynamic: bool = False) -> Poll:
         if signature is None or signature == seen:
             return None
         seen = signature
-        return discover(
-            backend_for(simulate=str(path), node_name=node_name, mig_dynamic=mig_dynamic)
-        )
+        return discover_now()
 
     return poll
 
@@ -224,9 +188,8 @@ def backend_poll(backend: GpuBackend, *, reported: Sequence[str] = ()) -> Poll:
 
 
 def watcher_for(
+    platform: Platform,
     *,
-    simulate: str | None,
-    node_name: str,
     backend: GpuBackend,
     current: Sequence[Device],
     errors: Sequence[str],
@@ -234,23 +197,22 @@ def watcher_for(
     rediscover_interval_s: float | None,
     mig_dynamic: bool = False,
 ) -> Watcher | None:
-    """What keeps the inventory fresh: a profile file's watcher, NVML's, or none (built-in)."""
-    path = profile_file(simulate)
-    if path is not None:
-        return Watcher(
-            poll=file_poll(path, node_name, mig_dynamic=mig_dynamic),
-            listener=listener,
-            current=current,
-            interval_s=1.0,
-            what=f"simulated profile {path}",
+    """What keeps the inventory fresh (a profile file's watcher, NVML's), or None."""
+    how = platform.rediscovery(rediscover_interval_s)
+    if how is None:
+        return None
+    poll = (
+        backend_poll(backend, reported=errors)
+        if how.changed_file is None
+        else file_poll(
+            how.changed_file, lambda: discover(backend_for(platform, mig_dynamic=mig_dynamic))
         )
-    if simulate is None and rediscover_interval_s:
-        return Watcher(
-            poll=backend_poll(backend, reported=errors),
-            listener=listener,
-            current=current,
-            interval_s=rediscover_interval_s,
-            confirm=2,
-            what="NVML inventory",
-        )
-    return None
+    )
+    return Watcher(
+        poll=poll,
+        listener=listener,
+        current=current,
+        interval_s=how.interval_s,
+        confirm=how.confirm,
+        what=how.what,
+    )

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from dra_gpu.kube.client import KubeClient
     from dra_gpu.kubeletplugin.driver import Driver
     from dra_gpu.mig.dynamic import DynamicMig
+    from dra_gpu.plugin.platforms import Platform
     from dra_gpu.prepare.state import DeviceState
 
 log = logging.getLogger("dra_gpu.plugin")
@@ -43,9 +44,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(func=run)
 
 
+def platform_of(settings: plugin_settings.Settings) -> Platform:
+    """Real or simulated GPUs, decided once for the process (``platforms``)."""
+    from dra_gpu.plugin import platforms
+
+    return platforms.for_node(
+        simulate=settings.simulate,
+        node_name=settings.node_name,
+        driver_root=settings.driver_root,
+        host_driver_root=PurePosixPath(settings.host_driver_root),
+    )
+
+
 def device_state(
     settings: plugin_settings.Settings,
     *,
+    platform: Platform,
     client: KubeClient,
     inventory: Callable[[], Mapping[str, Device]],
 ) -> DeviceState:
@@ -66,9 +80,7 @@ def device_state(
         node_name=settings.node_name,
         cdi_root=settings.cdi_root,
         state_dir=settings.state_dir,
-        simulated=settings.simulate is not None,
-        driver_root=settings.driver_root,
-        host_driver_root=PurePosixPath(settings.host_driver_root),
+        platform=platform,
         sharing=Switches(time_slicing=settings.time_slicing_settings, mps=settings.mps_support),
         inventory=inventory,
         client=client,
@@ -77,21 +89,18 @@ def device_state(
             if settings.rolling_update
             else contextlib.nullcontext
         ),
-        mig=dynamic_mig(settings),
+        mig=dynamic_mig(settings, platform),
     )
 
 
-def dynamic_mig(settings: plugin_settings.Settings) -> DynamicMig | None:
+def dynamic_mig(settings: plugin_settings.Settings, platform: Platform) -> DynamicMig | None:
     """What creates and destroys MIG devices on a node set to ``--mig-mode=dynamic``."""
     if settings.mig_mode != "dynamic":
         return None
-    from dra_gpu.mig import dynamic
+    from dra_gpu.mig.dynamic import DynamicMig
 
-    return dynamic.for_node(
-        state_dir=settings.state_dir,
-        node_name=settings.node_name,
-        simulated=settings.simulate is not None,
-        driver_root=settings.driver_root,
+    return DynamicMig(
+        state_dir=settings.state_dir, instances=platform.mig_instances(settings.state_dir)
     )
 
 
@@ -158,11 +167,10 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         measured = metrics.PluginMetrics()
     try:
         rules = health_rules.load_rules(settings.health_config)
+        platform = platform_of(settings)
         backend = inventory.backend_for(
-            simulate=settings.simulate,
-            node_name=settings.node_name,
-            driver_root=settings.driver_root,
-            nvml_observe=measured.nvml_call if measured is not None else None,
+            platform,
+            observe=measured.nvml_call if measured is not None else None,
             mig_dynamic=settings.mig_mode == "dynamic",
         )
         devices, discovery_errors = inventory.discover_with_errors(backend)
@@ -248,7 +256,9 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         # The prepare side is imported and built only now, once the publisher runs: its modules
         # (pydantic, the checkpoint models) take longer to load than publishing takes, and
         # publishing needs none of them.
-        state = device_state(settings, client=client, inventory=devices_now.by_name)
+        state = device_state(
+            settings, platform=platform, client=client, inventory=devices_now.by_name
+        )
         with plugin.exclusive():
             state.start()  # restore: roll back or finish what a crash left, rebuild CDI specs
         # What answers the kubelet: the state, plus Events on failures, plus metrics when asked.
@@ -256,8 +266,7 @@ def serve(settings: plugin_settings.Settings, stop: threading.Event) -> int:
         driver: Driver = with_events if measured is None else measured.measured(with_events)
         plugin.serve(driver)
         watcher = inventory.watcher_for(
-            simulate=settings.simulate,
-            node_name=settings.node_name,
+            platform,
             backend=backend,
             current=devices,
             errors=discovery_errors,

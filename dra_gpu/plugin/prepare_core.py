@@ -8,14 +8,14 @@ finished object (as a :class:`dra_gpu.kubeletplugin.driver.Driver`), and the mai
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dra_gpu.devices.model import Device
 from dra_gpu.kube.client import KubeClient
-from dra_gpu.prepare import claims, node_facts
-from dra_gpu.prepare.sharing.applied import Sharing, Switches, recording_path
-from dra_gpu.prepare.sharing.runner import ProcessRunner, RecordingRunner, Runner
+from dra_gpu.plugin.platforms import Platform
+from dra_gpu.prepare import claims
+from dra_gpu.prepare.sharing.applied import Sharing, Switches
 from dra_gpu.prepare.state import CallLock, DeviceState, StateSettings
 
 if TYPE_CHECKING:
@@ -28,9 +28,7 @@ def make_state(
     node_name: str,
     cdi_root: Path,
     state_dir: Path,
-    simulated: bool,
-    driver_root: Path,
-    host_driver_root: PurePosixPath | None,
+    platform: Platform,
     inventory: Callable[[], Mapping[str, Device]],
     client: KubeClient,
     call_lock: CallLock,
@@ -40,12 +38,9 @@ def make_state(
     """The prepare handler as the plugin process runs it: claims read from the API server,
     node warnings posted as Events.
 
-    ``sharing``: which strategies are applied to the GPUs; simulated nodes record the commands
-    in the state dir (``sharing.applied.recording_path``) instead of running them.
+    ``sharing``: which strategies are applied to the GPUs; what runs their commands (or records
+    them, on a simulated node) and the CDI spec's node facts come from ``platform``.
     """
-    runner: Runner = (
-        RecordingRunner(recording_path(state_dir)) if simulated else ProcessRunner(driver_root)
-    )
     return DeviceState(
         settings=StateSettings(
             driver_name=driver_name,
@@ -55,13 +50,9 @@ def make_state(
         ),
         inventory=inventory,
         claims=claims.KubeClaimFetcher(client),
-        node_facts=(
-            node_facts.simulated
-            if simulated
-            else node_facts.HostNode(driver_root=driver_root, host_driver_root=host_driver_root)
-        ),
+        node_facts=platform.node_facts(),
         report=claims.NodeEventReporter(client, node_name=node_name),
         call_lock=call_lock,
-        sharing=Sharing(runner=runner, state_dir=state_dir, switches=sharing),
+        sharing=Sharing(runner=platform.runner(state_dir), state_dir=state_dir, switches=sharing),
         mig=mig,
     )

@@ -31,7 +31,7 @@ from typing import Any
 from dra_gpu.config import normalized, parse_opaque_config
 from dra_gpu.devices.model import Device
 from dra_gpu.kubeletplugin.ids import DeviceName
-from dra_gpu.plugin import inventory
+from dra_gpu.plugin import inventory, platforms
 from dra_gpu.prepare.cdi import ClaimDevice
 from dra_gpu.prepare.sharing import mps
 from dra_gpu.prepare.sharing.applied import Sharing, Switches
@@ -121,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
 
     binary = work / "mpscheck"
     subprocess.run(["nvcc", "-O2", "-o", str(binary), str(SOURCE)], check=True)
-    devices = inventory.discover(inventory.backend_for(simulate=None, node_name="gpu-node"))
+    devices = inventory.discover(
+        inventory.backend_for(platforms.for_node(simulate=None, node_name="gpu-node"))
+    )
     gpu = next(d for d in devices if d.type == "gpu")
     device = claim_device(gpu, args.percentage)
     say(f"GPU {gpu.name} {device.uuid} ({device.product_name})")

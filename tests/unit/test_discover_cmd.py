@@ -20,7 +20,7 @@ from nvml_fakes import FakeGpu, FakeNvml
 from dra_gpu import cli, discover_cmd
 from dra_gpu.devices import nvml, profiles, simulated
 from dra_gpu.kubeletplugin import publisher, slices
-from dra_gpu.plugin import inventory, node_plugin
+from dra_gpu.plugin import inventory, node_plugin, platforms
 from dra_gpu.plugin import settings as plugin_settings
 
 
@@ -59,7 +59,9 @@ def test_json_is_exactly_what_the_plugin_publishes(
 ) -> None:
     # The plugin's first publish on node n1, into an in-memory API server.
     settings = plugin_settings.build_settings({"node_name": "n1", "simulate": profile}, {})
-    devices = inventory.discover(inventory.backend_for(simulate=profile, node_name="n1"))
+    devices = inventory.discover(
+        inventory.backend_for(platforms.for_node(simulate=profile, node_name="n1"))
+    )
     store = FakeSliceStore()
     publisher.Publisher(
         store=store,

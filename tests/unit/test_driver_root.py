@@ -122,7 +122,12 @@ def prepared_spec(
     def prepare(env: dict[str, str]) -> dict[str, Any]:
         dirs = {"CDI_ROOT": str(tmp_path / "cdi"), "STATE_DIR": str(tmp_path / "state")}
         settings = parse([], {**env, **dirs})
-        state = plugin_main.device_state(settings, client=NO_API, inventory=lambda: devices)
+        state = plugin_main.device_state(
+            settings,
+            platform=plugin_main.platform_of(settings),
+            client=NO_API,
+            inventory=lambda: devices,
+        )
         states.append(state)
         out = state.prepare([ClaimRef(uid=ClaimUID("u1"), namespace="default", name="claim-u1")])
         assert out[ClaimUID("u1")].error == ""

@@ -20,7 +20,7 @@ from dra_gpu.devices.health_events import Clear, HealthEvent, Injected
 from dra_gpu.devices.model import Device
 from dra_gpu.kube.objects import ResourceSlice
 from dra_gpu.kubeletplugin import device_health, slices
-from dra_gpu.plugin import device_taints, inventory
+from dra_gpu.plugin import device_taints, inventory, platforms
 from dra_gpu.plugin.health_monitor import HealthMonitor
 
 DRIVER = "gpu.nvidia.com"
@@ -29,7 +29,9 @@ T0 = 1_764_588_278.0  # 2025-12-01T11:24:38Z
 
 
 def devices(profile: str = "a100x4-mig") -> list[Device]:
-    return inventory.discover(inventory.backend_for(simulate=profile, node_name="n"))
+    return inventory.discover(
+        inventory.backend_for(platforms.for_node(simulate=profile, node_name="n"))
+    )
 
 
 def test_application_xids_are_ignored_and_hardware_xids_taint() -> None:

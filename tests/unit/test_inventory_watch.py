@@ -18,7 +18,7 @@ import pytest
 
 from dra_gpu.devices import naming, simulated
 from dra_gpu.devices.model import Device, Discovery, DiscoveryError
-from dra_gpu.plugin import inventory
+from dra_gpu.plugin import inventory, platforms
 from e2e import waiting
 
 GPUS = (
@@ -53,8 +53,7 @@ class Heard:
 
 def nvml_watcher(backend: ScriptedBackend, heard: Heard) -> inventory.Watcher:
     watcher = inventory.watcher_for(
-        simulate=None,
-        node_name="n",
+        platforms.for_node(simulate=None, node_name="n"),
         backend=backend,
         current=ALL,
         errors=(),
@@ -131,7 +130,8 @@ def test_an_unexpected_error_does_not_end_the_watch(caplog: pytest.LogCaptureFix
 def test_a_profile_file_is_read_again_only_when_it_changed(tmp_path: Path) -> None:
     path = tmp_path / "node.yaml"
     path.write_text("gpus:\n  - product: H200-141GB\n    count: 2\n")
-    poll = inventory.file_poll(path, "n")
+    platform = platforms.for_node(simulate=str(path), node_name="n")
+    poll = inventory.file_poll(path, lambda: inventory.discover(inventory.backend_for(platform)))
     assert poll() is None
     path.write_text("gpus:\n  - product: H200-141GB\n    count: 3  # one more\n")
     devices = poll()
@@ -152,8 +152,7 @@ def test_which_watcher_a_node_gets(
     simulate: str | None, interval: float | None, expected: str | None
 ) -> None:
     watcher = inventory.watcher_for(
-        simulate=simulate,
-        node_name="n",
+        platforms.for_node(simulate=simulate, node_name="n"),
         backend=ScriptedBackend(),
         current=ALL,
         errors=(),

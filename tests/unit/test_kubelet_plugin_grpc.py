@@ -49,7 +49,7 @@ from dra_gpu.pb import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from dra_gpu.plugin import inventory, node_plugin
+from dra_gpu.plugin import inventory, node_plugin, platforms
 from dra_gpu.plugin import main as plugin_main
 from dra_gpu.plugin import settings as plugin_settings
 from dra_gpu.prepare.state import DeviceState
@@ -87,7 +87,9 @@ def start_plugin(
 ) -> Iterator[Callable[..., node_plugin.NodePlugin]]:
     """Starts plugins served by each gRPC server (``--grpc-server``) in turn."""
     started: list[node_plugin.NodePlugin] = []
-    devices = inventory.discover(inventory.backend_for(simulate="h200x8", node_name=NODE))
+    devices = inventory.discover(
+        inventory.backend_for(platforms.for_node(simulate="h200x8", node_name=NODE))
+    )
 
     def start(*extra: str, state: DeviceState | None = None) -> node_plugin.NodePlugin:
         settings = make_settings(short_root, "--grpc-server", request.param, *extra)
@@ -174,7 +176,9 @@ def test_serves_when_the_socket_paths_are_at_the_length_limit(short_root: Path) 
     assert pad > 0, "pytest's tmp root is already too long for this test"
     root = short_root / ("d" * pad)
     assert len(str(paths(root).registration).encode()) == sockets.MAX_PATH
-    devices = inventory.discover(inventory.backend_for(simulate="h200x8", node_name=NODE))
+    devices = inventory.discover(
+        inventory.backend_for(platforms.for_node(simulate="h200x8", node_name=NODE))
+    )
     settings = make_settings(root)
     plugin = node_plugin.NodePlugin(
         settings,
@@ -220,7 +224,9 @@ def test_health_stream_reports_devices_discovery_lost_as_unhealthy(
     start_plugin: Any, short_root: Path
 ) -> None:
     plugin = start_plugin()
-    devices = inventory.discover(inventory.backend_for(simulate="h100x8", node_name=NODE))
+    devices = inventory.discover(
+        inventory.backend_for(platforms.for_node(simulate="h100x8", node_name=NODE))
+    )
     with channel(paths(short_root).dra) as ch:
         stream = health_v1_pb2_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
             health_v1_pb2.NodeWatchResourcesRequest(), timeout=TIMEOUT_S
@@ -317,7 +323,9 @@ def prepare_state(root: Path, *extra: str) -> DeviceState:
     """The plugin's own prepare state (no claims: the API is never asked)."""
     settings = make_settings(root, "--state-dir", str(root / "state"), *extra)
     unused = KubeClient(http1.Pool("http://127.0.0.1:9"), auth_headers=dict)
-    return plugin_main.device_state(settings, client=unused, inventory=lambda: {})
+    return plugin_main.device_state(
+        settings, platform=plugin_main.platform_of(settings), client=unused, inventory=lambda: {}
+    )
 
 
 def test_rolling_update_calls_wait_for_the_node_wide_lock(
@@ -414,7 +422,9 @@ def test_older_rolling_update_instance_stands_by_until_the_newer_one_is_gone(
         return node_plugin.NodePlugin(
             make_settings(short_root, "--pod-uid", uid),
             store=store,
-            devices=inventory.discover(inventory.backend_for(simulate=profile, node_name=NODE)),
+            devices=inventory.discover(
+                inventory.backend_for(platforms.for_node(simulate=profile, node_name=NODE))
+            ),
             instance=slice_plan.Instance(started_ns, uid),
         )
 
@@ -480,7 +490,7 @@ import hpack
 from fake_slice_store import FakeSliceStore
 from plugin_start import start_serving
 
-from dra_gpu.plugin import inventory, node_plugin, settings as plugin_settings
+from dra_gpu.plugin import inventory, node_plugin, platforms, settings as plugin_settings
 
 root = sys.argv[1]
 settings = plugin_settings.build_settings(
@@ -489,7 +499,9 @@ settings = plugin_settings.build_settings(
 plugin = node_plugin.NodePlugin(
     settings,
     store=FakeSliceStore(),
-    devices=inventory.discover(inventory.backend_for(simulate="h200x8", node_name="n")),
+    devices=inventory.discover(
+        inventory.backend_for(platforms.for_node(simulate="h200x8", node_name="n"))
+    ),
     instance=node_plugin.this_instance(settings),
 )
 start_serving(plugin)
