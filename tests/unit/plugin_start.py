@@ -1,4 +1,4 @@
-"""Start a ``NodePlugin`` in unit tests as ``main.serve`` does, with a fake or a real driver."""
+"""Start a ``NodePlugin`` in unit tests as ``lifecycle`` does, with a fake or a real driver."""
 
 from __future__ import annotations
 

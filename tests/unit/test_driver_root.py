@@ -28,7 +28,7 @@ from dra_gpu import discover_cmd
 from dra_gpu.devices import nvml
 from dra_gpu.devices.model import Discovery
 from dra_gpu.kubeletplugin.ids import ClaimUID
-from dra_gpu.plugin import main as plugin_main
+from dra_gpu.plugin import lifecycle
 from dra_gpu.plugin import settings as plugin_settings
 from dra_gpu.prepare import cdi, claims
 from dra_gpu.prepare.plan import ClaimRef
@@ -122,9 +122,9 @@ def prepared_spec(
     def prepare(env: dict[str, str]) -> dict[str, Any]:
         dirs = {"CDI_ROOT": str(tmp_path / "cdi"), "STATE_DIR": str(tmp_path / "state")}
         settings = parse([], {**env, **dirs})
-        state = plugin_main.device_state(
+        state = lifecycle.device_state(
             settings,
-            platform=plugin_main.platform_of(settings),
+            platform=lifecycle.platform_of(settings),
             client=NO_API,
             inventory=lambda: devices,
         )

@@ -49,7 +49,7 @@ from dra_gpu.pb import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from dra_gpu.plugin import inventory, node_plugin, platforms
+from dra_gpu.plugin import inventory, lifecycle, node_plugin, platforms
 from dra_gpu.plugin import main as plugin_main
 from dra_gpu.plugin import settings as plugin_settings
 from dra_gpu.prepare.state import DeviceState
@@ -323,8 +323,8 @@ def prepare_state(root: Path, *extra: str) -> DeviceState:
     """The plugin's own prepare state (no claims: the API is never asked)."""
     settings = make_settings(root, "--state-dir", str(root / "state"), *extra)
     unused = KubeClient(http1.Pool("http://127.0.0.1:9"), auth_headers=dict)
-    return plugin_main.device_state(
-        settings, platform=plugin_main.platform_of(settings), client=unused, inventory=lambda: {}
+    return lifecycle.device_state(
+        settings, platform=lifecycle.platform_of(settings), client=unused, inventory=lambda: {}
     )
 
 
