@@ -20,22 +20,17 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dra_gpu.devices import naming
 from dra_gpu.devices.model import Device, GpuBackend
-from dra_gpu.errors import UserError
 
-if TYPE_CHECKING:
-    from dra_gpu.plugin.platforms import NvmlObserver, Platform
+# InventoryError is raised here too; defined with the platforms, which import nothing of this.
+from dra_gpu.plugin.platforms import InventoryError as InventoryError
+from dra_gpu.plugin.platforms import NvmlObserver, Platform
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[Sequence[Device]], None]
-
-
-class InventoryError(UserError, RuntimeError):
-    """Discovery cannot run at all (bad profile, NVML missing); the message says why."""
 
 
 def backend_for(

@@ -25,11 +25,17 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol
 
 from dra_gpu.devices.model import GpuBackend
+from dra_gpu.errors import UserError
 
 if TYPE_CHECKING:
     from dra_gpu.mig.instances import MigInstances
     from dra_gpu.prepare.node_facts import NodeFacts
     from dra_gpu.prepare.sharing.runner import Runner
+
+
+class InventoryError(UserError, RuntimeError):
+    """Discovery cannot run at all (bad profile, NVML missing); the message says why."""
+
 
 # (NVML function, seconds, outcome), for the metrics of NVML calls.
 NvmlObserver = Callable[[str, float, str], None]
@@ -54,7 +60,7 @@ class Platform(Protocol):
     def simulated(self) -> bool: ...
 
     def backend(self, *, observe: NvmlObserver | None = None) -> GpuBackend:
-        """What discovers the GPUs; raises ``inventory.InventoryError``."""
+        """What discovers the GPUs; raises :class:`InventoryError`."""
         ...
 
     def rediscovery(self, rediscover_interval_s: float | None) -> Rediscovery | None:
@@ -138,7 +144,6 @@ class SimulatedPlatform:
 
     def backend(self, *, observe: NvmlObserver | None = None) -> GpuBackend:
         from dra_gpu.devices import profiles, simulated
-        from dra_gpu.plugin.inventory import InventoryError
 
         try:
             profile = profiles.resolve_profile(self.profile)

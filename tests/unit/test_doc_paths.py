@@ -32,9 +32,7 @@ def spans(text: str) -> Iterator[str]:
 
 
 def named(kind: re.Pattern[str]) -> list[tuple[str, str]]:
-    return sorted(
-        {(doc.name, s) for doc in DOCS for s in spans(doc.read_text()) if kind.match(s)}
-    )
+    return sorted({(doc.name, s) for doc in DOCS for s in spans(doc.read_text()) if kind.match(s)})
 
 
 def tree_files() -> set[str]:
