@@ -1,22 +1,26 @@
-"""The API client's HTTP/1.1 transport against a scripted server in a thread (TLS and plain).
+"""The API client over its urllib3 transport, against a scripted server in a thread (TLS, plain).
 
-The server answers each path with exact bytes, so every framing the transport reads is sent as
-written: Content-Length, chunked with extensions and trailers, ``Connection: close``, HTTP/1.0
-up to EOF, several Warning headers, a watch whose events are split across chunks, large bodies.
+The server answers each path with exact bytes, so every framing is sent as written:
+Content-Length, chunked with extensions and trailers, ``Connection: close``, HTTP/1.0 up to
+EOF, several Warning headers, a watch whose events are split across chunks, large bodies, and
+malformed answers (bytes after a body, Content-Length beside chunked coding, a Content-Length
+that is no number or a huge one).
 
-Cases: keep-alive reuse; a pooled connection the server closed while idle (the next request,
-even a POST, succeeds); a connection that breaks before the answer (GET retried once on a new
-connection, POST not: it may have taken effect); connect (TLS handshake) and read timeouts,
-refused connections and garbled answers as ``ApiUnavailable``; an HTTP error status as the
-mapped error with the server's message; a watch left midway closes its connection; a header
-value that would inject a line is refused before anything is sent; a proxy (CONNECT tunnel)
-and tls-server-name from kubeconfigs the official loader reads; the plugin's API path loads
-neither urllib3 nor the official client.
+Cases: keep-alive reuse; the pool under concurrency (as many connections as requests at once,
+up to POOL_CONNECTIONS kept, none waits); a pooled connection the server closed while idle;
+a connection that breaks before the answer (GET retried once, POST not: it may have taken
+effect); timeouts (not retried), refused connections and garbled answers as ``ApiUnavailable``;
+a malformed answer is an error whose connection is never reused, and the next, unrelated GET
+gets its own answer; a header that would inject a line is refused unsent; watches (split
+events, left midway, stopped); proxies from the environment and a kubeconfig (CONNECT
+tunnels), tls-server-name; a 401 answered by reading the credentials again, once.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import socket
 import ssl
 import subprocess
@@ -31,16 +35,19 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_gpu.kube import errors, http1
+from dra_gpu.kube import credentials, errors
 from dra_gpu.kube.client import KubeClient, connect
+from dra_gpu.kube.transport import MAX_BODY, POOL_CONNECTIONS, Transport
 from e2e.cluster import certs
 
 OBJECT = {"metadata": {"name": "a", "uid": "u-1"}}
+OTHER = {"metadata": {"name": "other"}}
 BIG = {"items": "x" * (8 << 20)}  # a ResourceSlice list can be megabytes
 EVENTS = [
     {"type": t, "object": {"metadata": {"name": n}}}
     for t, n in (("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "b"))
 ]
+INJECTED = {"injected": True}
 
 
 def _answer(body: bytes, *, status: str = "200 OK", headers: tuple[str, ...] = ()) -> bytes:
@@ -48,8 +55,12 @@ def _answer(body: bytes, *, status: str = "200 OK", headers: tuple[str, ...] = (
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-def _chunked(*chunks: bytes, trailers: tuple[str, ...] = ()) -> bytes:
-    out = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+def _head(*headers: str) -> bytes:
+    return ("\r\n".join(["HTTP/1.1 200 OK", *headers]) + "\r\n\r\n").encode()
+
+
+def _chunked(*chunks: bytes, trailers: tuple[str, ...] = (), head: bytes = b"") -> bytes:
+    out = head or _head("Content-Type: application/json", "Transfer-Encoding: chunked")
     for i, chunk in enumerate(chunks):
         out += f"{len(chunk):x}{';ext=1' if i == 0 else ''}\r\n".encode() + chunk + b"\r\n"
     return out + b"0\r\n" + "".join(f"{t}\r\n" for t in trailers).encode() + b"\r\n"
@@ -58,9 +69,12 @@ def _chunked(*chunks: bytes, trailers: tuple[str, ...] = ()) -> bytes:
 OBJ = json.dumps(OBJECT).encode()
 WATCH = b"".join(json.dumps(e).encode() + b"\n" for e in EVENTS)
 BIG_BYTES = json.dumps(BIG).encode()
+# A whole answer that a reader which keeps leftover bytes would take for the next request's.
+SMUGGLED = _answer(json.dumps(INJECTED).encode())
 # path -> (the bytes answered, whether the server keeps the connection afterwards)
 ANSWERS: dict[str, tuple[bytes, bool]] = {
     "/length": (_answer(OBJ), True),
+    "/other": (_answer(json.dumps(OTHER).encode()), True),
     "/chunked": (_chunked(OBJ[:7], OBJ[7:], trailers=("X-Checksum: 1",)), True),
     "/close": (_answer(OBJ, headers=("Connection: close",)), False),
     "/continue": (b"HTTP/1.1 100 Continue\r\n\r\n" + _answer(OBJ), True),
@@ -91,7 +105,34 @@ ANSWERS: dict[str, tuple[bytes, bool]] = {
         True,
     ),
     "/garbage": (b"SSH-2.0-OpenSSH\r\n\r\n", False),
+    # Malformed: the server keeps the connection, so a client that reused it would read what
+    # follows as the next request's answer.
+    "/bytes-after-body": (_answer(OBJ) + SMUGGLED, True),
+    "/length-and-chunked": (
+        _chunked(
+            OBJ,
+            head=_head("Content-Length: 5", "Transfer-Encoding: chunked"),
+        )
+        + SMUGGLED,
+        True,
+    ),
+    "/superscript-length": (_head("Content-Length: ²") + OBJ + SMUGGLED, True),
+    "/huge-length": (_head(f"Content-Length: {10**30}") + OBJ, True),
+    "/beyond-max-length": (_head(f"Content-Length: {MAX_BODY + 1}") + OBJ, True),
+    "/two-lengths": (_head("Content-Length: 2", f"Content-Length: {len(OBJ)}") + OBJ, True),
+    "/gzip-chunked": (
+        _chunked(OBJ, head=_head("Transfer-Encoding: gzip, chunked")) + SMUGGLED,
+        True,
+    ),
 }
+MALFORMED = [
+    "/length-and-chunked",
+    "/superscript-length",
+    "/huge-length",
+    "/beyond-max-length",
+    "/two-lengths",
+    "/gzip-chunked",
+]
 
 
 @dataclass
@@ -101,6 +142,8 @@ class Server:
     url: str
     accepted: int = 0
     requests: list[str] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)  # the Authorization of each request
+    valid_token: str = "t"  # /auth answers 401 to any other
     drop_next: bool = False  # close the connection at the next request, unanswered
     abandoned: threading.Event = field(default_factory=threading.Event)
 
@@ -109,24 +152,33 @@ class Server:
         with conn, rfile:
             while line := rfile.readline():
                 method, target, _ = line.decode().split(" ", 2)
-                length = 0
+                length, auth = 0, ""
                 while (header := rfile.readline()) not in (b"\r\n", b""):
                     name, _, value = header.decode().partition(":")
                     if name.lower() == "content-length":
                         length = int(value)
+                    elif name.lower() == "authorization":
+                        auth = value.strip()
                 rfile.read(length)
                 self.requests.append(f"{method} {target}")
+                self.tokens.append(auth)
                 if self.drop_next:
                     self.drop_next = False
                     return
                 path = target.split("?")[0]
                 if path == "/slow":
-                    time.sleep(0.5)
+                    time.sleep(0.5)  # long enough for every concurrent request to need one
                     conn.sendall(_answer(OBJ))
                     continue
+                if path == "/auth":
+                    ok = auth == f"Bearer {self.valid_token}"
+                    unauthorized = b'{"kind":"Status","reason":"Unauthorized","message":"no"}'
+                    conn.sendall(
+                        _answer(OBJ) if ok else _answer(unauthorized, status="401 Unauthorized")
+                    )
+                    continue
                 if path == "/watch-forever":
-                    first = WATCH[: WATCH.index(b"\n") + 1]
-                    conn.sendall(_chunked(first)[: -len(b"0\r\n\r\n")])  # stream goes on
+                    conn.sendall(_chunked(WATCH[:-1])[: -len(b"0\r\n\r\n")])  # goes on
                     self._wait_for_close(conn)
                     return
                 if path == "/drop-next":
@@ -165,6 +217,14 @@ def _run(listener: socket.socket, server: Server, tls: ssl.SSLContext | None) ->
         threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
 
+@pytest.fixture(autouse=True)
+def no_proxy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The developer's or CI's proxy variables must not reach the servers of these tests.
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.Pki:
     return certs.create_pki(tmp_path_factory.mktemp("pki"))
@@ -189,7 +249,7 @@ def plain_server() -> Iterator[Server]:
 
 def _start(tls: ssl.SSLContext | None, host: str = "127.0.0.1") -> Iterator[Server]:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.create_server((host, 0), family=family)
+    listener = socket.create_server((host, 0), family=family, backlog=64)
     netloc = f"[{host}]" if ":" in host else host
     server = Server(f"{'https' if tls else 'http'}://{netloc}:{listener.getsockname()[1]}")
     threading.Thread(target=_run, args=(listener, server, tls), daemon=True).start()
@@ -202,14 +262,15 @@ def client_tls(pki: certs.Pki) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(pki.ca.cert))
 
 
-def make_client(server: Server, tls: ssl.SSLContext | None) -> KubeClient:
-    pool = http1.Pool(server.url, ssl_context=tls, keep=4)
-    return KubeClient(pool, auth_headers=lambda: {"Authorization": "Bearer t"})
+def make_client(
+    url: str, tls: ssl.SSLContext | None, auth: credentials.Auth | None = None
+) -> KubeClient:
+    return KubeClient(Transport(url, ssl_context=tls), auth=auth or credentials.StaticToken("t"))
 
 
 @pytest.fixture
 def client(server: Server, client_tls: ssl.SSLContext) -> KubeClient:
-    return make_client(server, client_tls)
+    return make_client(server.url, client_tls)
 
 
 # ----- bodies ----------------------------------------------------------------------------------
@@ -227,7 +288,7 @@ def test_large_bodies(client: KubeClient, path: str) -> None:
 
 
 def test_plain_http(plain_server: Server) -> None:
-    client = make_client(plain_server, None)
+    client = make_client(plain_server.url, None)
     assert client.request("GET", "/chunked") == OBJECT
     assert client.request("POST", "/length", body={"a": 1}) == OBJECT
     assert plain_server.accepted == 1
@@ -236,7 +297,7 @@ def test_plain_http(plain_server: Server) -> None:
 def test_ipv6_literal_server(server_tls: ssl.SSLContext, client_tls: ssl.SSLContext) -> None:
     # An in-cluster client's KUBERNETES_SERVICE_HOST may be an IPv6 address.
     for server in _start(server_tls, "::1"):
-        assert make_client(server, client_tls).request("GET", "/length") == OBJECT
+        assert make_client(server.url, client_tls).request("GET", "/length") == OBJECT
 
 
 def test_several_warning_headers_are_kept(client: KubeClient) -> None:
@@ -252,6 +313,36 @@ def test_http_error_status_is_the_mapped_error_with_the_servers_message(
     assert client.request("GET", "/length") == OBJECT  # an error answer leaves it usable
 
 
+# ----- malformed answers -----------------------------------------------------------------------
+
+
+def test_bytes_after_a_body_never_answer_the_next_request(
+    client: KubeClient, server: Server
+) -> None:
+    assert client.request("GET", "/bytes-after-body") == OBJECT
+    # Whether urllib3 dropped the extra bytes with the finished answer's buffer or found the
+    # idle connection readable and replaced it, the next GET reads its own answer.
+    assert client.request("GET", "/other") == OTHER
+    assert server.requests[-1] == "GET /other"
+
+
+@pytest.mark.parametrize("path", MALFORMED)
+def test_a_malformed_answer_is_unavailable_and_its_connection_is_not_reused(
+    client: KubeClient, server: Server, path: str
+) -> None:
+    with pytest.raises(errors.ApiUnavailable, match=r"Content-Length|Transfer-Encoding"):
+        client.request("GET", path)
+    assert client.request("GET", "/other") == OTHER
+    assert server.accepted == 2  # the malformed answer's connection was closed
+
+
+def test_a_malformed_watch_answer_is_unavailable(client: KubeClient, server: Server) -> None:
+    with pytest.raises(errors.ApiUnavailable, match="Content-Length"):
+        list(client.watch("/superscript-length", query={}, stop=threading.Event()))
+    assert client.request("GET", "/other") == OTHER
+    assert server.accepted == 2
+
+
 # ----- connections -----------------------------------------------------------------------------
 
 
@@ -265,27 +356,38 @@ def test_keep_alive_reuses_one_connection(client: KubeClient, server: Server) ->
     assert server.accepted == 1
 
 
-def test_more_connections_than_kept_may_be_open_and_only_those_kept_are_reused(
-    server: Server, client_tls: ssl.SSLContext
-) -> None:
-    client = KubeClient(http1.Pool(server.url, ssl_context=client_tls, keep=2), auth_headers=dict)
+def _burst(client: KubeClient, count: int) -> list[dict[str, Any]]:
     answers: list[dict[str, Any]] = []
+    threads = [
+        threading.Thread(target=lambda: answers.append(client.request("GET", "/slow")))
+        for _ in range(count)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers
 
-    def burst() -> None:
-        threads = [
-            threading.Thread(target=lambda: answers.append(client.request("GET", "/slow")))
-            for _ in range(4)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
 
-    burst()
-    assert server.accepted == 4  # none waits for another's connection
-    burst()
-    assert server.accepted == 6  # two were kept, two are new
-    assert answers == [OBJECT] * 8
+def test_the_plugins_concurrency_keeps_every_connection(
+    client: KubeClient, server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 16 DRA calls at once, each with its claim GET, plus the publisher's request.
+    caplog.set_level(logging.WARNING, logger="urllib3")
+    assert _burst(client, 17) == [OBJECT] * 17
+    assert _burst(client, 17) == [OBJECT] * 17
+    assert server.accepted == 17  # the second burst reused the first one's connections
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
+
+
+def test_beyond_the_pool_none_waits_and_only_those_kept_are_reused(
+    client: KubeClient, server: Server
+) -> None:
+    extra = 2
+    assert _burst(client, POOL_CONNECTIONS + extra) == [OBJECT] * (POOL_CONNECTIONS + extra)
+    assert server.accepted == POOL_CONNECTIONS + extra  # none waited for another's connection
+    _burst(client, POOL_CONNECTIONS + extra)
+    assert server.accepted == POOL_CONNECTIONS + 2 * extra  # the extra ones were closed
 
 
 def test_connection_close_and_http10_are_not_reused(client: KubeClient, server: Server) -> None:
@@ -318,46 +420,43 @@ def test_a_post_broken_before_its_answer_is_not_sent_again(
     client: KubeClient, server: Server
 ) -> None:
     client.request("GET", "/drop-next")
-    with pytest.raises(errors.ApiUnavailable, match="closed the connection"):
+    with pytest.raises(errors.ApiUnavailable):
         client.request("POST", "/length", body={"a": 1})
     assert server.requests.count("POST /length") == 1
 
 
-def test_read_timeout_is_unavailable(client: KubeClient) -> None:
-    with pytest.raises(errors.ApiUnavailable, match=r"no answer from .* within 0.2 s"):
+def test_a_read_timeout_is_unavailable_and_not_retried(client: KubeClient, server: Server) -> None:
+    with pytest.raises(errors.ApiUnavailable, match="timed out"):
         client.request("GET", "/slow", timeout_s=0.2)
+    assert server.requests == ["GET /slow"]
 
 
 def test_connect_timeout_is_unavailable(client_tls: ssl.SSLContext) -> None:
     # A listener that never accepts: TCP connects (the kernel's backlog), TLS never answers.
     with socket.create_server(("127.0.0.1", 0)) as silent:
-        url = f"https://127.0.0.1:{silent.getsockname()[1]}"
-        client = KubeClient(http1.Pool(url, ssl_context=client_tls), auth_headers=dict)
-        with pytest.raises(errors.ApiUnavailable, match=r"no TLS handshake .* within 0.2 s"):
+        client = make_client(f"https://127.0.0.1:{silent.getsockname()[1]}", client_tls)
+        with pytest.raises(errors.ApiUnavailable, match="timed out"):
             client.request("GET", "/length", timeout_s=0.2)
 
 
 def test_refused_connection_is_unavailable(client_tls: ssl.SSLContext) -> None:
     with socket.create_server(("127.0.0.1", 0)) as closed:
         port = closed.getsockname()[1]
-    client = KubeClient(
-        http1.Pool(f"https://127.0.0.1:{port}", ssl_context=client_tls), auth_headers=dict
-    )
-    with pytest.raises(errors.ApiUnavailable, match=f"cannot connect to 127.0.0.1:{port}"):
+    client = make_client(f"https://127.0.0.1:{port}", client_tls)
+    with pytest.raises(errors.ApiUnavailable, match="Connection refused"):
         client.request("GET", "/length")
 
 
 def test_an_answer_that_is_not_http_is_unavailable(client: KubeClient) -> None:
-    with pytest.raises(errors.ApiUnavailable, match=r"not an HTTP/1\.x status line"):
+    with pytest.raises(errors.ApiUnavailable):
         client.request("GET", "/garbage")
 
 
 def test_a_header_that_would_inject_a_line_is_refused_unsent(
     server: Server, client_tls: ssl.SSLContext
 ) -> None:
-    pool = http1.Pool(server.url, ssl_context=client_tls)
-    client = KubeClient(pool, auth_headers=lambda: {"Authorization": "Bearer t\r\nX-Admin: 1"})
-    with pytest.raises(errors.ApiError, match="line break") as raised:
+    client = make_client(server.url, client_tls, credentials.StaticToken("t\r\nX-Admin: 1"))
+    with pytest.raises(errors.ApiError, match="cannot send") as raised:
         client.request("GET", "/length")
     assert not isinstance(raised.value, errors.ApiUnavailable)  # retrying cannot help
     assert server.requests == []
@@ -384,10 +483,26 @@ def test_a_watch_left_midway_closes_its_connection(client: KubeClient, server: S
     assert server.accepted == 2
 
 
-# ----- settings the official loader reads ------------------------------------------------------
+def test_a_watch_ends_at_its_stop_event(client: KubeClient, server: Server) -> None:
+    stop = threading.Event()
+    seen = []
+    for event in client.watch("/watch-forever", query={}, stop=stop):
+        seen.append(event)
+        stop.set()  # the plugin stopping while events still arrive
+    assert seen == EVENTS[:1]
+    assert server.abandoned.wait(3)
 
 
-def _tunnel(listener: socket.socket, seen: list[bytes]) -> None:
+# ----- proxies ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Proxy:
+    url: str
+    heads: list[list[bytes]] = field(default_factory=list)  # each CONNECT's request lines
+
+
+def _tunnel(listener: socket.socket, proxy: Proxy) -> None:
     """A CONNECT proxy: one tunnel per accepted connection, bytes copied both ways."""
 
     def copy(src: socket.socket, dst: socket.socket) -> None:
@@ -403,22 +518,31 @@ def _tunnel(listener: socket.socket, seen: list[bytes]) -> None:
         head = b""
         while not head.endswith(b"\r\n\r\n"):
             head += conn.recv(1)
-        seen.append(head.split(b"\r\n")[0])
-        host, port = head.split(b" ")[1].decode().rsplit(":", 1)
+        lines = head.split(b"\r\n")[:-2]
+        proxy.heads.append(lines)
+        host, port = lines[0].split(b" ")[1].decode().rsplit(":", 1)
         upstream = socket.create_connection((host, int(port)))
         conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
         threading.Thread(target=copy, args=(conn, upstream.dup()), daemon=True).start()
         threading.Thread(target=copy, args=(upstream, conn.dup()), daemon=True).start()
 
 
-def _kubeconfig(path: Path, pki: certs.Pki, cluster: dict[str, Any]) -> Path:
+@pytest.fixture
+def proxy() -> Iterator[Proxy]:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        running = Proxy(f"http://127.0.0.1:{listener.getsockname()[1]}")
+        threading.Thread(target=_tunnel, args=(listener, running), daemon=True).start()
+        yield running
+
+
+def _kubeconfig(path: Path, pki: certs.Pki, cluster: dict[str, Any], user: Any = None) -> Path:
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
             {"name": "c", "cluster": {"certificate-authority": str(pki.ca.cert), **cluster}}
         ],
-        "users": [{"name": "u", "user": {"token": "t"}}],
+        "users": [{"name": "u", "user": user or {"token": "t"}}],
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
         "current-context": "x",
     }
@@ -426,17 +550,56 @@ def _kubeconfig(path: Path, pki: certs.Pki, cluster: dict[str, Any]) -> Path:
     return path
 
 
-def test_a_kubeconfig_proxy_tunnels_https_with_connect(
-    tmp_path: Path, pki: certs.Pki, server: Server
+def test_https_proxy_from_the_environment_tunnels_with_connect(
+    tmp_path: Path, pki: certs.Pki, server: Server, proxy: Proxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[bytes] = []
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        threading.Thread(target=_tunnel, args=(listener, seen), daemon=True).start()
-        proxy = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        config = _kubeconfig(tmp_path / "kc", pki, {"server": server.url, "proxy-url": proxy})
-        assert connect(config).request("GET", "/chunked") == OBJECT
-    assert seen == [f"CONNECT {server.url.removeprefix('https://')} HTTP/1.1".encode()]
+    monkeypatch.setenv("HTTPS_PROXY", proxy.url.replace("http://", "http://us%3Aer:pw@"))
+    config = _kubeconfig(tmp_path / "kc", pki, {"server": server.url})
+    assert connect(config).request("GET", "/length") == OBJECT
+    authority = server.url.removeprefix("https://")
+    assert proxy.heads[0][0].startswith(f"CONNECT {authority} HTTP/1.".encode())
+    headers = dict(line.split(b": ", 1) for line in proxy.heads[0][1:])
+    assert {k.lower(): v for k, v in headers.items()}[b"proxy-authorization"] == (
+        b"Basic dXM6ZXI6cHc="  # us:er:pw
+    )
+    assert server.requests == ["GET /length"]
+
+
+@pytest.mark.parametrize("no_proxy", ["127.0.0.1", "localhost,127.0.0.1", "*"])
+def test_no_proxy_naming_the_host_goes_direct(
+    tmp_path: Path,
+    pki: certs.Pki,
+    server: Server,
+    proxy: Proxy,
+    monkeypatch: pytest.MonkeyPatch,
+    no_proxy: str,
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+    monkeypatch.setenv("no_proxy", no_proxy)
+    config = _kubeconfig(tmp_path / "kc", pki, {"server": server.url})
+    assert connect(config).request("GET", "/length") == OBJECT
+    assert proxy.heads == []
+    assert server.requests == ["GET /length"]
+
+
+def test_a_kubeconfig_proxy_tunnels_https_with_connect(
+    tmp_path: Path, pki: certs.Pki, server: Server, proxy: Proxy
+) -> None:
+    config = _kubeconfig(tmp_path / "kc", pki, {"server": server.url, "proxy-url": proxy.url})
+    assert connect(config).request("GET", "/chunked") == OBJECT
+    authority = server.url.removeprefix("https://")
+    assert len(proxy.heads) == 1
+    assert proxy.heads[0][0].startswith(f"CONNECT {authority} HTTP/1.".encode())
     assert server.requests == ["GET /chunked"]
+
+
+def test_an_unusable_proxy_is_a_clear_error(
+    tmp_path: Path, pki: certs.Pki, server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "socks5://127.0.0.1:1080")
+    config = _kubeconfig(tmp_path / "kc", pki, {"server": server.url})
+    with pytest.raises(errors.ApiError, match="proxy"):
+        connect(config)
 
 
 def test_a_kubeconfig_tls_server_name_is_checked(
@@ -451,11 +614,62 @@ def test_a_kubeconfig_tls_server_name_is_checked(
         connect(bad).request("GET", "/length")
 
 
-def test_the_plugins_api_path_loads_neither_urllib3_nor_the_official_client(
+# ----- a 401 reads the credentials again -------------------------------------------------------
+
+
+def test_a_rotated_token_file_is_read_again_after_a_401(
     tmp_path: Path, pki: certs.Pki, server: Server
 ) -> None:
-    # urllib3 and the generated client are tens of MiB the kubelet plugin need not hold: its
-    # modules and a plain kubeconfig's requests must not import them.
+    token = tmp_path / "token"
+    token.write_text("old\n")
+    config = _kubeconfig(tmp_path / "kc", pki, {"server": server.url}, {"tokenFile": "token"})
+    client = connect(config)
+    server.valid_token = "new"
+    # The file still holds the refused token: one request, and the 401 is the caller's.
+    with pytest.raises(errors.ApiError) as raised:
+        client.request("POST", "/auth", body={})
+    assert (raised.value.status, raised.value.message) == (401, "no")
+    assert server.tokens == ["Bearer old"]
+    # The kubelet rotates the token within the minute the client would keep the old one.
+    token.write_text("new\n")
+    assert client.request("POST", "/auth", body={}) == OBJECT
+    assert server.tokens[1:] == ["Bearer old", "Bearer new"]
+    assert list(client.watch("/watch", query={}, stop=threading.Event())) == EVENTS
+    assert server.tokens[-1] == "Bearer new"
+
+
+def test_an_exec_plugin_runs_again_after_a_401(
+    tmp_path: Path, pki: certs.Pki, server: Server
+) -> None:
+    # A kubeconfig only the official loader reads: its token comes from a command.
+    token = tmp_path / "token"
+    token.write_text("old")
+    plugin = tmp_path / "get-token"
+    credential = (
+        '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential",'
+        '"status":{"token":"%s"}}'
+    )
+    plugin.write_text(f"#!/bin/sh\nprintf '{credential}' \"$(cat {token})\"\n")
+    plugin.chmod(0o755)
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": str(plugin),
+            "interactiveMode": "Never",
+        }
+    }
+    client = connect(_kubeconfig(tmp_path / "kc", pki, {"server": server.url}, user))
+    server.valid_token = "new"
+    token.write_text("new")
+    assert client.request("GET", "/auth") == OBJECT
+    assert server.tokens == ["Bearer old", "Bearer new"]
+
+
+def test_the_plugins_api_path_does_not_load_the_official_client(
+    tmp_path: Path, pki: certs.Pki, server: Server
+) -> None:
+    # The generated client is tens of MiB the kubelet plugin need not hold: its modules and a
+    # plain kubeconfig's requests must not import it.
     config = _kubeconfig(tmp_path / "kc", pki, {"server": server.url})
     code = (
         "import sys, pathlib, threading\n"
@@ -466,8 +680,8 @@ def test_the_plugins_api_path_loads_neither_urllib3_nor_the_official_client(
         f"c = client.connect(pathlib.Path({str(config)!r}))\n"
         "c.request('GET', '/length')\n"
         "list(c.watch('/watch', query={}, stop=threading.Event()))\n"
-        "print(sorted(m for m in ('urllib3', 'kubernetes') if m in sys.modules))\n"
+        "print('kubernetes' in sys.modules)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert proc.stdout.strip() == "[]"
+    assert proc.stdout.strip() == "False"
     assert server.requests[0] == "GET /length"
