@@ -109,7 +109,8 @@ def proxy_from_environment(server: str) -> str | None:
     proxy = proxies.get(parts.scheme)
     # proxy_bypass_environment is what urllib.request itself decides with; typeshed omits it.
     bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
-    if not proxy or bypass(parts.netloc, proxies):
+    # With the port (an entry may name one) and without (an IPv6 entry written unbracketed).
+    if not proxy or bypass(parts.netloc, proxies) or bypass(parts.hostname, proxies):
         return None
     return proxy
 

@@ -582,6 +582,23 @@ def test_no_proxy_naming_the_host_goes_direct(
     assert server.requests == ["GET /length"]
 
 
+@pytest.mark.parametrize("no_proxy", ["::1", "[::1]"])
+def test_no_proxy_naming_an_ipv6_host_goes_direct(
+    tmp_path: Path,
+    pki: certs.Pki,
+    server_tls: ssl.SSLContext,
+    proxy: Proxy,
+    monkeypatch: pytest.MonkeyPatch,
+    no_proxy: str,
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+    monkeypatch.setenv("NO_PROXY", no_proxy)
+    for server in _start(server_tls, "::1"):
+        config = _kubeconfig(tmp_path / "kc", pki, {"server": server.url})
+        assert connect(config).request("GET", "/length") == OBJECT
+    assert proxy.heads == []
+
+
 def test_a_kubeconfig_proxy_tunnels_https_with_connect(
     tmp_path: Path, pki: certs.Pki, server: Server, proxy: Proxy
 ) -> None:
