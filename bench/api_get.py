@@ -1,24 +1,29 @@
-"""One claim GET (what every prepare does): our HTTP/1.1 transport against urllib3, and RSS.
+"""One claim GET (what every prepare does): KubeClient on urllib3, against a bare urllib3 pool
+and http.client on the same TLS settings.
 
 Usage: ``.venv/bin/python bench/api_get.py [--count 1000] [--rounds 5] [--kubeconfig PATH]``
 
 Unless ``--kubeconfig`` names a running cluster, starts a local control plane. Creates one
-ResourceClaim and GETs it ``--count`` times per round on one thread, alternating the two
-clients round by round (the first order flips every round), after a warm-up:
+ResourceClaim and GETs it ``--count`` times per round on one thread, the clients in turn
+(the order rotates every round), after a warm-up:
 
-1. ``http1``: ``KubeClient.call`` as the plugin makes it (``dra_gpu.kube.http1`` underneath).
-2. ``urllib3``: what ``KubeClient.call`` did before: a urllib3 ``PoolManager`` with the same
-   TLS context, ``retries=False``, the same headers, JSON decoding and Warning headers.
+1. ``KubeClient``: ``KubeClient.call`` as the plugin makes it (headers, retry policy, framing
+   checks, JSON decoding, Warning headers).
+2. ``urllib3``: a bare ``HTTPSConnectionPool`` with the same TLS context, ``retries=False``
+   and the same headers, JSON decoding and Warning headers: what the client adds on top.
+3. ``http.client``: one ``HTTPSConnection`` kept open, the same headers and decoding: what
+   urllib3 adds on top of the standard library.
 
 Prints the median over rounds of CPU ms per GET (this process's user+system time: all of it is
 the client's) and wall ms per GET. Then the RSS (MiB) of a fresh interpreter that loaded the
-kubelet plugin's modules and made one GET, without and with ``import urllib3``.
+kubelet plugin's modules and made one GET.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import statistics
 import subprocess
@@ -26,9 +31,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import urllib3  # noqa: E402
 
 from dra_gpu.kube import credentials, errors  # noqa: E402
 from dra_gpu.kube.client import REQUEST_TIMEOUT_S, KubeClient, Reply, connect, parse_warnings  # noqa: E402
@@ -52,21 +60,39 @@ PLUGIN_MODULES = (
 
 
 def urllib3_get(kubeconfig: Path) -> Callable[[str], Reply]:
-    """The claim GET as KubeClient made it over urllib3 before the HTTP/1.1 transport."""
-    import urllib3
-
+    """The claim GET over a bare urllib3 pool."""
     creds = credentials.from_kubeconfig(kubeconfig)
-    pool = urllib3.PoolManager(num_pools=2, maxsize=24, ssl_context=creds.ssl_context)
+    host = urlsplit(creds.host)
+    pool = urllib3.HTTPSConnectionPool(
+        str(host.hostname), host.port, maxsize=24, ssl_context=creds.ssl_context
+    )
     timeout = urllib3.Timeout(connect=5.0, read=REQUEST_TIMEOUT_S)
 
     def get(path: str) -> Reply:
-        headers = {"Accept": "application/json", **creds.auth_headers()}
-        resp = pool.request(
-            "GET", creds.host + path, headers=headers, timeout=timeout, retries=False
-        )
+        headers = {"Accept": "application/json", **creds.auth.headers()}
+        resp = pool.urlopen("GET", path, headers=headers, timeout=timeout, retries=False)
         if resp.status != 200:
             raise RuntimeError(f"GET {path}: HTTP {resp.status}")
         return Reply(json.loads(resp.data), parse_warnings(resp.headers.getlist("Warning")))
+
+    return get
+
+
+def http_client_get(kubeconfig: Path) -> Callable[[str], Reply]:
+    """The claim GET over one kept-open http.client connection."""
+    creds = credentials.from_kubeconfig(kubeconfig)
+    host = urlsplit(creds.host)
+    conn = http.client.HTTPSConnection(
+        str(host.hostname), host.port, timeout=REQUEST_TIMEOUT_S, context=creds.ssl_context
+    )
+
+    def get(path: str) -> Reply:
+        conn.request("GET", path, headers={"Accept": "application/json", **creds.auth.headers()})
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"GET {path}: HTTP {resp.status}")
+        return Reply(json.loads(data), parse_warnings(resp.headers.get_all("Warning") or []))
 
     return get
 
@@ -80,15 +106,14 @@ def per_get(get: Callable[[str], Reply], path: str, count: int) -> tuple[float, 
     return 1000 * (cpu1 - cpu0) / count, 1000 * (wall1 - wall0) / count
 
 
-def plugin_rss_mib(kubeconfig: Path, path: str, *, with_urllib3: bool) -> float:
+def plugin_rss_mib(kubeconfig: Path, path: str) -> float:
     code = "\n".join(
         [
-            "import importlib, pathlib, sys",
+            "import importlib, pathlib",
             f"for m in {PLUGIN_MODULES!r}: importlib.import_module(m)",
-            "import grpc" + (", urllib3" if with_urllib3 else ""),
+            "import grpc",
             "from dra_gpu.kube.client import connect",
             f"connect(pathlib.Path({str(kubeconfig)!r})).request('GET', {path!r})",
-            "assert ('urllib3' in sys.modules) == " + repr(with_urllib3),
             "print(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1])",
         ]
     )
@@ -128,20 +153,19 @@ def main() -> int:
         path = ensure_claim(client)
         try:
             clients: dict[str, Callable[[str], Reply]] = {
-                "http1": lambda p: client.call("GET", p),
+                "KubeClient": lambda p: client.call("GET", p),
                 "urllib3": urllib3_get(kubeconfig),
+                "http.client": http_client_get(kubeconfig),
             }
             for get in clients.values():
                 assert get(path).body["metadata"]["name"] == NAME
                 per_get(get, path, WARMUP)
             results: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
+            names = list(clients)
             for i in range(args.rounds):
-                order = list(clients) if i % 2 == 0 else list(reversed(clients))
-                for name in order:
+                for name in names[i % len(names) :] + names[: i % len(names)]:
                     results[name].append(per_get(clients[name], path, args.count))
-            rss = {
-                flag: plugin_rss_mib(kubeconfig, path, with_urllib3=flag) for flag in (False, True)
-            }
+            rss = plugin_rss_mib(kubeconfig, path)
         finally:
             client.request("DELETE", path)
     print(f"claim GET, {args.rounds} rounds x {args.count}, median over rounds:")
@@ -149,9 +173,8 @@ def main() -> int:
         cpu = statistics.median(r[0] for r in rows)
         wall = statistics.median(r[1] for r in rows)
         spread = ", ".join(f"{r[0]:.3f}" for r in rows)
-        print(f"  {name:8} cpu/GET {cpu:.3f} ms  wall/GET {wall:.3f} ms  (cpu per round: {spread})")
-    print("plugin modules + one GET, RSS of a fresh interpreter:")
-    print(f"  without urllib3 {rss[False]:.1f} MiB, with urllib3 imported {rss[True]:.1f} MiB")
+        print(f"  {name:11} cpu/GET {cpu:.3f} ms  wall/GET {wall:.3f} ms  (cpu/round: {spread})")
+    print(f"plugin modules + one GET, RSS of a fresh interpreter: {rss:.1f} MiB")
     return 0
 
 

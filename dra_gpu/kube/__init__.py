@@ -3,10 +3,11 @@
 - :mod:`errors`: one error hierarchy by HTTP status (standard library only, so core logic may
   catch these without loading any client).
 - :mod:`credentials`: the service account or a kubeconfig, read with the standard library.
-- :mod:`http1`: the HTTP/1.1 transport (persistent connections, hand-parsed answers).
-- :mod:`client`: JSON requests, watches and the server's warnings over :mod:`http1`.
+- :mod:`transport`: HTTP over urllib3 (one pool per server, proxies, timeouts, one retry of a
+  broken GET); the only module that imports urllib3.
+- :mod:`client`: JSON requests, watches and the server's warnings over :mod:`transport`.
 
 The official ``kubernetes`` client is imported only for kubeconfigs that need its loader (exec
-plugins, auth providers, proxies), so a node plugin's start-up time and memory stay small.
+plugins, auth providers, a proxy-url), so a node plugin's start-up time and memory stay small.
 This package re-exports nothing: importing ``errors`` must not pull in the transport.
 """

@@ -1,4 +1,4 @@
-"""JSON requests and watches against one API server, over :mod:`http1` connections.
+"""JSON requests and watches against one API server, over :mod:`transport` (urllib3).
 
 Design:
 - Bodies stay plain dicts: the plugin builds ResourceSlices as dicts, and the controller compares
@@ -7,13 +7,16 @@ Design:
 - Credentials come from :mod:`credentials`; only a kubeconfig it leaves ``Unsupported`` loads
   the official client, lazily (:func:`connect`).
 - Every failure leaves this module as an :mod:`errors` type: HTTP statuses and watch ERROR
-  events are mapped by ``errors.from_status``; connection errors and timeouts are
-  ``ApiUnavailable``. The transport retries only a GET whose reused connection broke before
-  any answer; otherwise the callers' loops retry and log once.
+  events are mapped by ``errors.from_status``; connection errors, timeouts and malformed
+  answers are ``ApiUnavailable``. The transport retries only a GET or HEAD whose connection
+  broke; otherwise the callers' loops retry and log once.
+- A 401 makes the credentials be read again now (a rotated service account token, the
+  official loader's exec plugin) and, when they changed, the request is sent once more; a
+  second 401 is the caller's.
 - Every request has a timeout, so no thread hangs on a dead API server.
 - :meth:`KubeClient.call` also returns the server's ``Warning`` headers (admission webhooks and
   deprecations speak through them); :meth:`KubeClient.request` is the body alone.
-- Thread-safe like the pool under it, which keeps :data:`POOL_CONNECTIONS` idle connections.
+- Thread-safe like the pool under it (``transport.POOL_CONNECTIONS`` connections per server).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from dra_gpu.kube import credentials, errors, http1
+from dra_gpu.kube import credentials, errors
+from dra_gpu.kube.transport import Answer, Stream, Transport, proxy_from_environment
 
 JSON = dict[str, Any]
 CONNECT_TIMEOUT_S = 5.0
@@ -38,10 +42,6 @@ WATCH_SECONDS = 290
 # stream first.
 WATCH_GRACE_S = 30.0
 MESSAGE_LIMIT = 4000
-# Connections kept per host. The kubelet plugin runs up to 16 DRA calls at once, each with a
-# claim GET, beside its publisher's watch and writes: a smaller pool closes the connections it
-# cannot keep, so every burst pays new TLS handshakes (CPU here and in the API server).
-POOL_CONNECTIONS = 24
 
 
 @dataclass(frozen=True)
@@ -65,18 +65,9 @@ def parse_warnings(headers: Iterable[str]) -> tuple[str, ...]:
 class KubeClient:
     """An authenticated connection to one API server."""
 
-    def __init__(self, pool: http1.Pool, *, auth_headers: Callable[[], dict[str, str]]) -> None:
-        self._pool = pool
-        self._auth_headers = auth_headers
-
-    def _headers(self, request: str, body: Mapping[str, Any] | None) -> dict[str, str]:
-        try:
-            headers = {"Accept": "application/json", **self._auth_headers()}
-        except credentials.CredentialsError as err:
-            raise errors.ApiError(str(err), request=request) from err
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        return headers
+    def __init__(self, transport: Transport, *, auth: credentials.Auth) -> None:
+        self._transport = transport
+        self._auth = auth
 
     def call(
         self,
@@ -89,24 +80,36 @@ class KubeClient:
     ) -> Reply:
         """One request: the decoded JSON answer and the server's warnings, or an ApiError."""
         request = f"{method} {path}"
-        headers = self._headers(request, body)
+        fixed = {"Accept": "application/json"}
+        if body is not None:
+            fixed["Content-Type"] = "application/json"
         data = json.dumps(body).encode() if body is not None else None
-        timeouts = http1.Timeouts(connect=min(CONNECT_TIMEOUT_S, timeout_s), read=timeout_s)
+
+        def send(auth: dict[str, str]) -> Answer:
+            return self._transport.request(
+                method,
+                _target(path, query),
+                {**fixed, **auth},
+                data,
+                connect_s=min(CONNECT_TIMEOUT_S, timeout_s),
+                read_s=timeout_s,
+                request=request,
+            )
+
+        auth = self._auth_headers(request)
+        answer = send(auth)
+        # A 401 comes before anything took effect, so any method may be sent again.
+        if answer.status == 401 and (renewed := self._renewed(auth, request)) is not None:
+            answer = send(renewed)
+        if not 200 <= answer.status < 300:
+            raise _error(answer.status, answer.body, request=request)
         try:
-            resp = self._pool.request(method, _target(path, query), headers, data, timeouts)
-        except OSError as err:
-            raise errors.ApiUnavailable(str(err), request=request) from err
-        except http1.InvalidRequest as err:
-            raise errors.ApiError(str(err), request=request) from err
-        if not 200 <= resp.status < 300:
-            raise _error(resp.status, resp.body, request=request)
-        try:
-            decoded = json.loads(resp.body or b"{}")
+            decoded = json.loads(answer.body or b"{}")
         except ValueError as err:
             raise errors.ApiError("response is not JSON", request=request) from err
         if not isinstance(decoded, dict):
             raise errors.ApiError("response is not a JSON object", request=request)
-        return Reply(decoded, parse_warnings(resp.values("warning")))
+        return Reply(decoded, parse_warnings(answer.warnings))
 
     def request(
         self,
@@ -134,15 +137,23 @@ class KubeClient:
         A watch left midway closes its connection (the rest of the stream is never read).
         """
         request = f"watch {path}"
-        query = {**query, "watch": "true", "timeoutSeconds": str(timeout_s)}
-        timeouts = http1.Timeouts(connect=CONNECT_TIMEOUT_S, read=timeout_s + WATCH_GRACE_S)
-        headers = self._headers(request, None)
-        try:
-            stream = self._pool.stream("GET", _target(path, query), headers, timeouts)
-        except OSError as err:
-            raise errors.ApiUnavailable(str(err), request=request) from err
-        except http1.InvalidRequest as err:
-            raise errors.ApiError(str(err), request=request) from err
+        target = _target(path, {**query, "watch": "true", "timeoutSeconds": str(timeout_s)})
+
+        def start(auth: dict[str, str]) -> Stream:
+            return self._transport.stream(
+                target,
+                {"Accept": "application/json", **auth},
+                connect_s=CONNECT_TIMEOUT_S,
+                read_s=timeout_s + WATCH_GRACE_S,
+                request=request,
+            )
+
+        auth = self._auth_headers(request)
+        stream = start(auth)
+        if stream.status == 401 and (renewed := self._renewed(auth, request)) is not None:
+            stream.read()
+            stream.close()
+            stream = start(renewed)
         try:
             if not 200 <= stream.status < 300:
                 raise _error(stream.status, stream.read(), request=f"GET {path}")
@@ -151,14 +162,27 @@ class KubeClient:
                     return
                 if line.strip():
                     yield _event(line, path)
-        except OSError as err:
-            raise errors.ApiUnavailable(str(err), request=request) from err
         finally:
             stream.close()
 
     def close(self) -> None:
         """Close the pooled connections (a later request opens new ones)."""
-        self._pool.close()
+        self._transport.close()
+
+    def _auth_headers(self, request: str) -> dict[str, str]:
+        try:
+            return self._auth.headers()
+        except credentials.CredentialsError as err:
+            raise errors.ApiError(str(err), request=request) from err
+
+    def _renewed(self, sent: dict[str, str], request: str) -> dict[str, str] | None:
+        """Credentials read again after a 401, or None when they are the ones just refused."""
+        try:
+            self._auth.renew()
+        except credentials.CredentialsError as err:
+            raise errors.ApiError(str(err), status=401, request=request) from err
+        fresh = self._auth_headers(request)
+        return fresh if fresh != sent else None
 
 
 def _target(path: str, query: Mapping[str, str] | None) -> str:
@@ -224,51 +248,75 @@ def connect(kubeconfig: Path | None, *, default_kubeconfig: bool = False) -> Kub
 
 
 def _from_credentials(creds: credentials.Credentials) -> KubeClient:
-    pool = http1.Pool(creds.host, ssl_context=creds.ssl_context, keep=POOL_CONNECTIONS)
-    return KubeClient(pool, auth_headers=creds.auth_headers)
+    transport = Transport(
+        creds.host, ssl_context=creds.ssl_context, proxy=proxy_from_environment(creds.host)
+    )
+    return KubeClient(transport, auth=creds.auth)
 
 
 def _connect_with_official_loader(kubeconfig: Path | None) -> KubeClient:
     from kubernetes import client as kclient  # heavy: only for exotic kubeconfigs
     from kubernetes import config as kconfig
 
-    cfg = kclient.Configuration()
     source = str(kubeconfig) if kubeconfig is not None else "$KUBECONFIG"
+
+    def load() -> Any:
+        cfg = kclient.Configuration()
+        try:
+            kconfig.load_kube_config(
+                config_file=str(kubeconfig) if kubeconfig is not None else None,
+                client_configuration=cfg,
+            )
+        except Exception as err:  # the loader raises assorted types for one cause: bad config
+            raise credentials.CredentialsError(
+                f"cannot load credentials from {source}: {err}"
+            ) from err
+        return cfg
+
     try:
-        kconfig.load_kube_config(
-            config_file=str(kubeconfig) if kubeconfig is not None else None,
-            client_configuration=cfg,
-        )
-    except Exception as err:  # the loader raises assorted types for one cause: bad config
-        raise errors.ApiError(f"cannot load credentials from {source}: {err}") from err
+        cfg = load()
+    except credentials.CredentialsError as err:
+        raise errors.ApiError(str(err)) from err
     host = str(cfg.host)
     try:
         tls = _official_tls(cfg) if host.startswith("https://") else None
-        pool = http1.Pool(
-            host,
-            ssl_context=tls,
-            server_hostname=cfg.tls_server_name or None,
-            proxy=str(cfg.proxy) if cfg.proxy else None,
-            proxy_headers=cfg.proxy_headers,
-            keep=POOL_CONNECTIONS,
-        )
-    except (OSError, http1.InvalidRequest) as err:  # ssl.SSLError is an OSError
+    except OSError as err:  # ssl.SSLError is an OSError
         raise errors.ApiError(f"cannot use the server settings from {source}: {err}") from err
+    transport = Transport(
+        host,
+        ssl_context=tls,
+        server_hostname=cfg.tls_server_name or None,
+        # The kubeconfig's proxy-url wins over the environment, as in kubectl.
+        proxy=str(cfg.proxy) if cfg.proxy else proxy_from_environment(host),
+        proxy_headers=cfg.proxy_headers,
+    )
+    return KubeClient(transport, auth=_OfficialAuth(cfg, load))
 
-    def auth_headers() -> dict[str, str]:
-        # auth_settings() runs the loader's refresh hook, so rotated tokens are picked up.
-        settings: Any = cfg.auth_settings()
+
+class _OfficialAuth:
+    """The credentials the official loader read; :meth:`renew` loads the kubeconfig again."""
+
+    def __init__(self, cfg: Any, load: Callable[[], Any]) -> None:
+        self._cfg = cfg  # replaced whole by renew; requests read whichever is current
+        self._load = load
+
+    def headers(self) -> dict[str, str]:
+        # auth_settings() runs the loader's refresh hook, so expiring tokens are picked up.
+        settings: Any = self._cfg.auth_settings()
         return {
             str(s["key"]): str(s["value"])
             for s in settings.values()
             if s.get("in") == "header" and s.get("value")
         }
 
-    return KubeClient(pool, auth_headers=auth_headers)
+    def renew(self) -> None:
+        # The refresh hook renews only a token whose expiry passed; after a 401 run the whole
+        # loader again (an exec plugin, a token file), whatever the expiry said.
+        self._cfg = self._load()
 
 
 def _official_tls(cfg: Any) -> ssl.SSLContext:
-    """The TLS settings the official loader read, as urllib3 would have applied them."""
+    """The TLS settings the official loader read, as its own urllib3 client applies them."""
     if cfg.verify_ssl:
         ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
     else:

@@ -8,8 +8,10 @@ token) are read here with the standard library and yaml. A kubeconfig that needs
 official loader (``Unsupported``), as is a ``$KUBECONFIG`` that lists several files to merge.
 
 A service account token is re-read from its file when it is older than a minute, because bound
-tokens are rotated by the kubelet while the process runs. Inline certificate data is written to
-a private temporary file only for as long as ``ssl`` needs to load it.
+tokens are rotated by the kubelet while the process runs, and at once when the API server
+answered 401 (:meth:`Auth.renew`: the client then sends the request once more). Inline
+certificate data is written to a private temporary file only for as long as ``ssl`` needs to
+load it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_MAX_AGE_S = 60.0
@@ -38,19 +40,47 @@ class CredentialsError(Exception):
     """The credentials cannot be read; the message names the file or field."""
 
 
+class Auth(Protocol):
+    """The headers that authenticate a request."""
+
+    def headers(self) -> dict[str, str]: ...
+
+    def renew(self) -> None:
+        """Read the credentials again at the next :meth:`headers` (the server answered 401)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Credentials:
     host: str
     ssl_context: ssl.SSLContext
-    auth_headers: Callable[[], dict[str, str]]
+    auth: Auth
+
+
+class StaticToken:
+    """A bearer token given once (none: no header, e.g. a client certificate authenticates)."""
+
+    def __init__(self, token: str = "") -> None:
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def headers(self) -> dict[str, str]:
+        return dict(self._headers)
+
+    def renew(self) -> None:
+        pass  # nothing to read again
 
 
 class _FileToken:
+    """A bearer token in a file (a service account's), read again when a minute old."""
+
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _value and _read_at; taken by any request thread
         self._value = ""
         self._read_at = -TOKEN_MAX_AGE_S
+
+    def renew(self) -> None:
+        with self._lock:
+            self._read_at = -TOKEN_MAX_AGE_S
 
     def headers(self) -> dict[str, str]:
         with self._lock:
@@ -76,7 +106,7 @@ def in_cluster(env: Mapping[str, str] = os.environ, sa_dir: Path = SA_DIR) -> Cr
         ctx = ssl.create_default_context(cafile=str(sa_dir / "ca.crt"))
     except (OSError, ssl.SSLError) as err:
         raise CredentialsError(f"cannot load {sa_dir / 'ca.crt'}: {err}") from err
-    return Credentials(f"https://{host}:{port}", ctx, _FileToken(sa_dir / "token").headers)
+    return Credentials(f"https://{host}:{port}", ctx, _FileToken(sa_dir / "token"))
 
 
 @contextlib.contextmanager
@@ -151,7 +181,7 @@ def from_kubeconfig(path: Path) -> Credentials:
         ctx = _ssl_context(cluster, user, path.parent)
     except (ssl.SSLError, ValueError) as err:
         raise CredentialsError(f"bad certificate or key in kubeconfig {path}: {err}") from err
-    return Credentials(server, ctx, _token_headers(user, path.parent))
+    return Credentials(server, ctx, _token(user, path.parent))
 
 
 def default_kubeconfig(env: Mapping[str, str] = os.environ) -> Path | None:
@@ -165,12 +195,7 @@ def default_kubeconfig(env: Mapping[str, str] = os.environ) -> Path | None:
     return Path(listed[0] if listed else "~/.kube/config").expanduser()
 
 
-def _token_headers(user: Mapping[str, Any], base: Path) -> Callable[[], dict[str, str]]:
+def _token(user: Mapping[str, Any], base: Path) -> Auth:
     if user.get("tokenFile"):
-        return _FileToken(base / str(user["tokenFile"])).headers
-    token = str(user.get("token") or "")
-
-    def headers() -> dict[str, str]:
-        return {"Authorization": f"Bearer {token}"} if token else {}
-
-    return headers
+        return _FileToken(base / str(user["tokenFile"]))
+    return StaticToken(str(user.get("token") or ""))

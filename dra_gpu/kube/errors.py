@@ -1,4 +1,5 @@
-"""Errors of the Kubernetes API as our logic sees them; raised only by :mod:`client`.
+"""Errors of the Kubernetes API as our logic sees them; raised only by :mod:`client` and
+:mod:`transport`.
 
 Callers decide by type, never by parsing messages:
 

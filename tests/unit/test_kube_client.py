@@ -44,6 +44,14 @@ FAILURES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def no_proxy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The developer's or CI's proxy variables must not reach the server of these tests.
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.Pki:
     directory = tmp_path_factory.mktemp("pki")
@@ -226,7 +234,7 @@ def test_in_cluster_service_account(tmp_path: Path, pki: certs.Pki) -> None:
     env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
     creds = credentials.in_cluster(env, tmp_path)
     assert creds.host == "https://[fd00::1]:443"
-    assert creds.auth_headers() == {"Authorization": "Bearer sa-token"}
+    assert creds.auth.headers() == {"Authorization": "Bearer sa-token"}
 
 
 def test_outside_a_cluster_without_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:

@@ -27,8 +27,9 @@ import pytest
 from fake_slice_store import FakeSliceStore
 from plugin_start import start_serving
 
-from dra_gpu.kube import http1
+from dra_gpu.kube import credentials
 from dra_gpu.kube.client import KubeClient
+from dra_gpu.kube.transport import Transport
 from dra_gpu.kubeletplugin import (
     call_lock,
     device_health,
@@ -322,7 +323,7 @@ def test_readyz_waits_for_registration_and_healthz_does_not() -> None:
 def prepare_state(root: Path, *extra: str) -> DeviceState:
     """The plugin's own prepare state (no claims: the API is never asked)."""
     settings = make_settings(root, "--state-dir", str(root / "state"), *extra)
-    unused = KubeClient(http1.Pool("http://127.0.0.1:9"), auth_headers=dict)
+    unused = KubeClient(Transport("http://127.0.0.1:9"), auth=credentials.StaticToken())
     return lifecycle.device_state(
         settings, platform=lifecycle.platform_of(settings), client=unused, inventory=lambda: {}
     )
