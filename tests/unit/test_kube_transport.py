@@ -67,6 +67,7 @@ def _chunked(*chunks: bytes, trailers: tuple[str, ...] = (), head: bytes = b"") 
 
 
 OBJ = json.dumps(OBJECT).encode()
+SLOW_WAIT_S = 10.0  # bounds a broken test only
 WATCH = b"".join(json.dumps(e).encode() + b"\n" for e in EVENTS)
 BIG_BYTES = json.dumps(BIG).encode()
 # A whole answer that a reader which keeps leftover bytes would take for the next request's.
@@ -146,6 +147,22 @@ class Server:
     valid_token: str = "t"  # /auth answers 401 to any other
     drop_next: bool = False  # close the connection at the next request, unanswered
     abandoned: threading.Event = field(default_factory=threading.Event)
+    # /slow answers once this many /slow requests are open at once (or after SLOW_WAIT_S), so a
+    # burst's requests all overlap however slowly a busy machine starts them.
+    slow_together: int = 1 << 30  # alone, /slow waits SLOW_WAIT_S (the read-timeout case)
+    _slow_open: int = 0
+    _slow: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_for_slow_burst(self) -> None:
+        with self._slow:
+            self._slow_open += 1
+            self._slow.notify_all()
+            self._slow.wait_for(lambda: self._slow_open >= self.slow_together, SLOW_WAIT_S)
+        time.sleep(0.05)  # the last request's own answer is not first either
+
+    def slow_done(self) -> None:
+        with self._slow:
+            self._slow_open -= 1
 
     def serve(self, conn: socket.socket) -> None:
         rfile = conn.makefile("rb")
@@ -167,8 +184,9 @@ class Server:
                     return
                 path = target.split("?")[0]
                 if path == "/slow":
-                    time.sleep(0.5)  # long enough for every concurrent request to need one
+                    self.wait_for_slow_burst()
                     conn.sendall(_answer(OBJ))
+                    self.slow_done()
                     continue
                 if path == "/auth":
                     ok = auth == f"Bearer {self.valid_token}"
@@ -356,7 +374,9 @@ def test_keep_alive_reuses_one_connection(client: KubeClient, server: Server) ->
     assert server.accepted == 1
 
 
-def _burst(client: KubeClient, count: int) -> list[dict[str, Any]]:
+def _burst(client: KubeClient, count: int, server: Server) -> list[dict[str, Any]]:
+    """``count`` GETs at once, each answered only once all are open."""
+    server.slow_together = count
     answers: list[dict[str, Any]] = []
     threads = [
         threading.Thread(target=lambda: answers.append(client.request("GET", "/slow")))
@@ -374,8 +394,8 @@ def test_the_plugins_concurrency_keeps_every_connection(
 ) -> None:
     # 16 DRA calls at once, each with its claim GET, plus the publisher's request.
     caplog.set_level(logging.WARNING, logger="urllib3")
-    assert _burst(client, 17) == [OBJECT] * 17
-    assert _burst(client, 17) == [OBJECT] * 17
+    assert _burst(client, 17, server) == [OBJECT] * 17
+    assert _burst(client, 17, server) == [OBJECT] * 17
     assert server.accepted == 17  # the second burst reused the first one's connections
     assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
 
@@ -384,9 +404,10 @@ def test_beyond_the_pool_none_waits_and_only_those_kept_are_reused(
     client: KubeClient, server: Server
 ) -> None:
     extra = 2
-    assert _burst(client, POOL_CONNECTIONS + extra) == [OBJECT] * (POOL_CONNECTIONS + extra)
+    answers = _burst(client, POOL_CONNECTIONS + extra, server)
+    assert answers == [OBJECT] * (POOL_CONNECTIONS + extra)
     assert server.accepted == POOL_CONNECTIONS + extra  # none waited for another's connection
-    _burst(client, POOL_CONNECTIONS + extra)
+    _burst(client, POOL_CONNECTIONS + extra, server)
     assert server.accepted == POOL_CONNECTIONS + 2 * extra  # the extra ones were closed
 
 
