@@ -40,8 +40,8 @@ __all__ = ["TIMEOUT_S", "NodeCallLock", "held"]
 
 # Longer than the slowest call the other instance can hold the lock for: a prepare whose
 # sharing commands run into their own bounds (an ``nvidia-smi`` call or an MPS daemon's start
-# may take 30 s each, ``dra_gpu.sharing``), plus the checkpoint's bounded wait; a holder that
-# keeps it longer is stuck, and failing the call (the kubelet retries) says so.
+# may take 30 s each, ``dra_gpu.prepare.sharing``), plus the checkpoint's bounded wait; a
+# holder that keeps it longer is stuck, and failing the call (the kubelet retries) says so.
 TIMEOUT_S: Final = 120.0
 
 
