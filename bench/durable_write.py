@@ -1,4 +1,4 @@
-"""What a durable checkpoint write costs: the journal against a fsynced rename.
+"""What a durable checkpoint write costs: the fsynced rename, alone and inside the store.
 
 Usage: ``.venv/bin/python bench/durable_write.py [--count 500] [--rounds 5] [--claims 64]
 [--dir PATH]``
@@ -7,10 +7,13 @@ In a temp directory under ``--dir`` (default ``/var/tmp``: a disk, not tmpfs; gi
 directory's file system to measure that one), a checkpoint holding ``--claims`` records is
 written ``--count`` times per round, alternating the two ways round by round:
 
-1. ``fsynced rename``: ``atomicfile.write_atomic(durable=True)``, what a durable write was before
-   the journal (temp file, ``fsync``, ``rename``, directory ``fsync``);
-2. ``journal``: ``CheckpointStore``'s durable write now: the journal slot overwritten in place
-   and ``fdatasync``ed, then the file replaced without fsync.
+1. ``fsynced rename``: ``atomicfile.write_atomic(durable=True)`` (temp file, ``fsync``,
+   ``rename``, directory ``fsync``), the durable write itself;
+2. ``store update``: ``CheckpointStore.update(durable=True)`` of one claim record, what a prepare
+   waits for: the file lock, the read (from memory, the file unchanged), the mutation, encoding,
+   the write token and the fsynced rename;
+3. ``rename, no fsync``: ``atomicfile.write_atomic(durable=False)``, what a write that is not
+   durable costs, i.e. what the fsyncs add.
 
 Prints the median over rounds of the wall ms per write (p50 and p99 within the round).
 """
@@ -29,12 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dra_gpu.kubeletplugin import atomicfile  # noqa: E402
-from dra_gpu.prepare import checkpoint, journal  # noqa: E402
+from dra_gpu.prepare import checkpoint  # noqa: E402
 
 
-def content(claims: int) -> bytes:
+def record() -> checkpoint.ClaimRecord:
     # One full-GPU record as prepare writes it (about 580 bytes of JSON each).
-    record = checkpoint.ClaimRecord.model_validate(
+    return checkpoint.ClaimRecord.model_validate(
         {
             "state": checkpoint.PREPARE_COMPLETED,
             "namespace": "default",
@@ -53,22 +56,31 @@ def content(claims: int) -> bytes:
             ],
         }
     )
-    cp = checkpoint.Checkpoint(claims={f"uid-{n:04d}": record for n in range(claims)})
-    return checkpoint.encode(cp)
 
 
-def fsynced_rename(directory: Path, data: bytes) -> Callable[[int], None]:
+def content(claims: int) -> checkpoint.Checkpoint:
+    return checkpoint.Checkpoint(claims={f"uid-{n:04d}": record() for n in range(claims)})
+
+
+def renamed(directory: Path, data: bytes, *, durable: bool) -> Callable[[int], None]:
     path = directory / "checkpoint.json"
-    return lambda _: atomicfile.write_atomic(path, data, durable=True)
+    directory.mkdir(parents=True)
+    return lambda _: atomicfile.write_atomic(path, data, durable=durable)
 
 
-def journaled(directory: Path, data: bytes) -> Callable[[int], None]:
-    path = directory / "checkpoint.json"
-    slots = journal.Journal(directory)
+def store_update(directory: Path, start: checkpoint.Checkpoint) -> Callable[[int], None]:
+    """Each write records one more claim (then drops it again), as a prepare and an unprepare do;
+    the checkpoint keeps the size of ``start`` give or take one record."""
+    store = checkpoint.CheckpointStore(directory)
+    store.update(lambda cp: start.model_copy(update={"generation": cp.generation}), durable=True)
+    claim = record()
 
-    def write(generation: int) -> None:
-        slots.write(generation, data)
-        atomicfile.write_atomic(path, data, durable=False)
+    def write(n: int) -> None:
+        uid = "bench-claim"
+        if n % 2:
+            store.update(lambda cp: cp.without_claim(uid), durable=True)
+        else:
+            store.update(lambda cp: cp.with_claim(uid, claim), durable=True)
 
     return write
 
@@ -80,17 +92,19 @@ def main() -> int:
     parser.add_argument("--claims", type=int, default=64)
     parser.add_argument("--dir", type=Path, default=Path("/var/tmp"))
     args = parser.parse_args()
-    data = content(args.claims)
-    results: dict[str, list[tuple[float, float]]] = {"fsynced rename": [], "journal": []}
+    start = content(args.claims)
+    data = checkpoint.encode(start)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="durable-write-") as tmp:
         ways = {
-            "fsynced rename": fsynced_rename(Path(tmp) / "a", data),
-            "journal": journaled(Path(tmp) / "b", data),
+            "fsynced rename": renamed(Path(tmp) / "a", data, durable=True),
+            "store update": store_update(Path(tmp) / "b", start),
+            "rename, no fsync": renamed(Path(tmp) / "c", data, durable=False),
         }
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
         for r in range(args.rounds):
             for name in list(ways) if r % 2 == 0 else list(ways)[::-1]:
                 write = ways[name]
-                for n in range(20):  # warm-up: files created, slots at their size
+                for n in range(20):  # warm-up: files created, the store's first read done
                     write(n)
                 times = []
                 for n in range(args.count):
@@ -103,7 +117,7 @@ def main() -> int:
         f"checkpoint of {args.claims} claims: {len(data)} bytes; {args.count} writes x "
         f"{args.rounds} rounds in {args.dir}"
     )
-    print("| durable write | p50 ms | p99 ms |")
+    print("| write | p50 ms | p99 ms |")
     print("|---|---:|---:|")
     for name, rounds in results.items():
         p50 = statistics.median(r[0] for r in rounds)

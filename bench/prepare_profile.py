@@ -7,7 +7,10 @@ simulated ``h200x8`` node whose claims come from memory (the API round trip, the
 and the kubelet's client are left out: ``bench/reference.py`` measures the whole call). The
 checkpoint and the CDI specs go under ``--dir`` (default: a temp directory, i.e. the disk the
 plugin's state would be on; give a tmpfs such as ``/dev/shm`` to see the CPU without the file
-system's journal). Logging runs at INFO into ``/dev/null``, formatted as the plugin does.
+system's journal). Logging runs at INFO into ``/dev/null``, formatted as the plugin does. Every
+write, the checkpoint's fsynced one included, is done on the calling thread before the call
+returns (no thread writes on behind it), so CPU and wall time per cycle hold all of a cycle's
+work.
 
 Prints CPU per cycle (user, system: ``os.times``; the least of 5 blocks of N/5 cycles, and
 the median) and wall time per cycle, then, with

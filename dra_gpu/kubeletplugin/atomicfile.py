@@ -13,7 +13,12 @@ directory after it. Callers skip that only for files that are rebuilt after a re
 ``locked`` holds an exclusive ``flock`` on a lock file, the one way the plugin serializes with
 another instance of itself (checkpoint commits, DRA calls during a rolling update). The lock
 belongs to the open file description and each call opens the file anew, so it also serializes
-threads of one process.
+threads of one process. Every wait for it is bounded (``timeout_s``, chosen by each caller for
+what its holders do): ``flock`` itself has no timeout, so the lock is tried without blocking,
+with short sleeps in between, on the caller's own thread. A wait that runs out raises
+:class:`LockTimeout` naming the file and its holder as ``/proc/locks`` shows it: a process whose
+holder never lets go (a hung disk, a stopped process) fails the caller's work with a message
+that says whom to look at, instead of hanging it.
 """
 
 from __future__ import annotations
@@ -21,8 +26,29 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
+
+from dra_gpu.errors import InternalError
+
+# The first sleep between two tries of a taken lock, doubled up to the last: a commit holds the
+# checkpoint's lock for about a millisecond, so the first tries come soon; a holder that keeps
+# it longer costs a try every few milliseconds, not a busy loop.
+FIRST_PAUSE_S: Final = 0.0005
+LAST_PAUSE_S: Final = 0.01
+PROC_LOCKS: Final = "/proc/locks"
+
+
+class LockTimeout(InternalError, TimeoutError):
+    """A lock file's ``flock`` not taken within the caller's bound; the message names the file
+    and its holder. A ``TimeoutError``, so an ``OSError``: callers that fail a call on I/O
+    errors fail it on this one too."""
+
+    def __init__(self, path: Path | str, timeout_s: float, holder: str) -> None:
+        self.path, self.timeout_s, self.holder = Path(path), timeout_s, holder
+        super().__init__(f"lock {path} not taken within {timeout_s:g} s: {holder}")
 
 
 def fsync_dir(directory: Path | str) -> None:
@@ -98,23 +124,72 @@ def remove(path: Path) -> bool:
     return True
 
 
-def acquire(path: Path) -> int:
+def acquire(path: Path, *, timeout_s: float) -> int:
     """An fd holding the exclusive lock on ``path`` (created, with its directory, if missing);
-    closing it releases the lock, whichever thread closes it."""
+    closing it releases the lock. Raises :class:`LockTimeout` after ``timeout_s``."""
     fd = open_creating_dir(path, os.O_RDWR | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + timeout_s
+        pause = FIRST_PAUSE_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise timed_out(path, timeout_s)
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, LAST_PAUSE_S)
     except BaseException:
         os.close(fd)
         raise
-    return fd
 
 
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[int]:
+def locked(path: Path, *, timeout_s: float) -> Iterator[int]:
     """Hold the exclusive lock on ``path`` for the block (see :func:`acquire`); yields its fd."""
-    fd = acquire(path)
+    fd = acquire(path, timeout_s=timeout_s)
     try:
         yield fd
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def timed_out(path: Path | str, timeout_s: float) -> LockTimeout:
+    """The error for a wait for ``path``'s lock that ran out, with its holder if it is found."""
+    try:
+        st = os.stat(path)
+        pids = holders(_read_proc_locks(), os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    except OSError as exc:
+        return LockTimeout(path, timeout_s, f"its holder could not be looked up ({exc})")
+    if not pids:
+        # /proc/locks lists only locks of processes this PID namespace can see.
+        holder = "held by a process not visible here (another pod's PID namespace?)"
+    else:
+        holder = "held by PID " + ", ".join(
+            f"{pid} (this process)" if pid == os.getpid() else str(pid) for pid in pids
+        )
+    return LockTimeout(path, timeout_s, holder)
+
+
+def holders(proc_locks: str, major: int, minor: int, inode: int) -> list[int]:
+    """PIDs holding an ``flock`` on the file (device ``major:minor``, ``inode``), from the text
+    of ``/proc/locks`` (lines like ``1: FLOCK ADVISORY WRITE 1234 08:01:5678 0 EOF``; waiters,
+    marked ``->``, are not holders)."""
+    want = f"{major:02x}:{minor:02x}:{inode}"
+    pids = []
+    for line in proc_locks.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK" or fields[5] != want:
+            continue
+        with contextlib.suppress(ValueError):
+            if (pid := int(fields[4])) > 0:
+                pids.append(pid)
+    return pids
+
+
+def _read_proc_locks() -> str:
+    with open(PROC_LOCKS) as f:
+        return f.read()

@@ -16,12 +16,16 @@ import threading
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 from dra_gpu.devices import migprofiles
 from dra_gpu.devices.model import GpuInfo, MigPartition
 from dra_gpu.devices.simulated import fake_uuid
 from dra_gpu.kubeletplugin import atomicfile
+
+# The simulated ledger's lock is held for one read and write of a small file: a holder that keeps
+# it this long is stuck, and the prepare waiting for it fails naming it.
+LEDGER_LOCK_TIMEOUT_S: Final = 30.0
 
 
 class InstanceError(RuntimeError):
@@ -89,7 +93,8 @@ class SimulatedInstances:
     def _file_lock(self) -> AbstractContextManager[int]:
         # Another plugin instance (rolling update) may create on the same node.
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        return atomicfile.locked(self.path.with_name(self.path.name + ".lock"))
+        lock = self.path.with_name(self.path.name + ".lock")
+        return atomicfile.locked(lock, timeout_s=LEDGER_LOCK_TIMEOUT_S)
 
     def list(self, gpu_uuid: str) -> list[MigInstance]:
         with self._lock:

@@ -239,7 +239,7 @@ class KubeletPlugin:
             return (0, 0)
         try:
             claims = self._state.store.load().claims.values()
-        except checkpoint.CheckpointError:
+        except (checkpoint.CheckpointError, OSError):  # OSError: its lock not taken in time, too
             return (0, 0)
         done = [c for c in claims if c.state == checkpoint.PREPARE_COMPLETED]
         return len(done), sum(len(c.devices) for c in done)

@@ -30,39 +30,46 @@ first released) has ``compatible_version``, ``boot_id``, device facts, ``share_i
 ``admin_access``. Version 3 added ``from_spec``: a record rebuilt from a CDI spec after the
 checkpoint lost it, which lacks request names, share IDs and config (an older plugin reads it as
 a plain completed record). Version 4 (current) added ``generation``, raised by every write (an
-older plugin keeps it unchanged when it writes, which the journal's rule below allows for).
+older plugin keeps it unchanged when it writes).
 
-Durability: a write that must survive a power loss goes first to the journal
-(:mod:`journal`: one in-place write and an ``fdatasync``); its callers are answered then, and
-the JSON file is replaced (without fsync) by one background thread that holds the file lock
-until it is done, so every reader that takes the lock sees the file with the write. Whenever the
-file is read from disk, the journal's newest entry is read too; if its generation is above the
-file's, the file lost writes in a power loss and is replaced by the journal's state. An equal
-generation means the file is at least as new (an older plugin's write keeps the generation), so
-the file wins. A missing file is restored from the journal as well, and a corrupt one is
-salvaged on top of the journal's state.
+The previous release made its durable writes through a journal beside the file
+(``checkpoint.journal-0``/``-1``) and replaced the file afterwards; whenever it read the file, a
+journal entry with a higher generation than the file's replaced it. The first read of a store
+under the lock migrates such a journal once (:mod:`legacy_journal`): its newest entry is adopted
+when its generation is above the file's, the file is written durably, and only then are the
+journal files deleted. Every write here still raises the generation, so after a downgrade to
+that release a journal entry left behind (its deletion lost in a power loss) is below the file
+and never wins over it; normally none is left. The schema stays 4: the file's fields and their
+meaning are unchanged, only where durability comes from changed.
+
+Durability: every write replaces the file atomically (temp file, rename), on the committing
+thread, under the file lock. A durable write also fsyncs the temp file before the rename and the
+directory after it (``atomicfile.write_atomic(durable=True)``), so when its caller is answered the
+file on disk has the write, for a power loss as for anyone reading ``checkpoint.json`` (another
+instance, an operator), with or without the lock. A write that is not durable is atomic but not
+fsynced: only for records a power loss makes moot (see :meth:`CheckpointStore.update`).
 
 Concurrency: :class:`CheckpointStore` applies mutations as a group commit. Threads queue pure
 mutation functions; one of them, holding an ``flock`` on ``checkpoint.lock`` (shared with another
 plugin instance during a rolling update), re-reads the file if someone else changed it, applies
-every queued mutation in order, writes once (fsynced when any mutation asked for durability)
-and wakes the others. A mutation that raises fails alone and changes nothing. Every write of the
-file holds that lock, so :meth:`CheckpointStore.remove_temp_files` holding it removes only
-temp files of writers that died.
+every queued mutation in order, writes once (fsynced when any mutation asked for durability),
+releases the lock and wakes the others. A mutation that raises fails alone and changes nothing.
+Every read and write of the file holds that lock (waiting at most :data:`LOCK_TIMEOUT_S`, then
+``atomicfile.LockTimeout`` naming the holder), so :meth:`CheckpointStore.remove_temp_files`
+holding it removes only temp files of writers that died, and :meth:`CheckpointStore.load`'s copy
+in memory is used only when the lock file's write token and the file's identity show it current.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import json
 import logging
 import os
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -72,7 +79,7 @@ from pydantic import BaseModel, ConfigDict
 
 from dra_gpu.errors import InternalError
 from dra_gpu.kubeletplugin import atomicfile
-from dra_gpu.prepare.journal import Journal
+from dra_gpu.prepare import legacy_journal
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +90,10 @@ FILE_NAME: Final = "checkpoint.json"
 LOCK_NAME: Final = "checkpoint.lock"
 TOKEN_BYTES: Final = 32
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
+# A commit holds the lock for a read, its batch's mutations and one write with its fsyncs; a
+# holder that keeps it this long is stuck (a hung state disk, a stopped process): the calls
+# waiting for it fail naming it, and the kubelet retries them, instead of hanging.
+LOCK_TIMEOUT_S: Final = 30.0
 
 PREPARE_STARTED: Final = "PrepareStarted"
 PREPARE_COMPLETED: Final = "PrepareCompleted"
@@ -146,7 +157,7 @@ class Checkpoint(_Record):
     compatible_version: int = COMPATIBLE_VERSION
     boot_id: str = ""  # "" = unknown (a salvaged file without one)
     claims: dict[str, ClaimRecord] = {}
-    generation: int = 0  # raised by every write (version 4); compared with the journal's
+    generation: int = 0  # raised by every write (version 4); see the module docstring
 
     def with_claim(self, uid: str, record: ClaimRecord) -> Checkpoint:
         return self.model_copy(update={"claims": {**self.claims, uid: record}})
@@ -245,45 +256,10 @@ class _Pending:
 _Stamp = tuple[bytes, tuple[int, int, int] | None]  # (write token, file identity)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Cache:
     checkpoint: Checkpoint
-    stamp: _Stamp | None  # None: journaled, the file not replaced yet (the next read re-reads)
-
-
-class _FileWriter:
-    """The thread that replaces ``checkpoint.json`` after a durable write's journal entry, so
-    that the caller answers without waiting for it (one for the process: commits are rare and
-    short, and each holds the file lock until its job is done)."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start = threading.Lock()
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._start:
-            if self._thread is None:
-                thread = threading.Thread(target=self._run, name="checkpoint-file", daemon=True)
-                thread.start()
-                self._thread = thread
-                # A clean exit leaves the file current (not only the journal): the interpreter
-                # runs this before it stops daemon threads.
-                atexit.register(self.drain)
-        self._jobs.put(job)
-
-    def drain(self, timeout: float = 10.0) -> None:
-        """Wait until the jobs submitted so far are done (at most ``timeout`` seconds)."""
-        done = threading.Event()
-        self._jobs.put(done.set)
-        done.wait(timeout)
-
-    def _run(self) -> None:
-        while True:
-            self._jobs.get()()
-
-
-_FILE_WRITER = _FileWriter()
+    stamp: _Stamp  # what the file was when this process last read or wrote it
 
 
 @dataclass
@@ -291,15 +267,18 @@ class CheckpointStore:
     """Loads, caches and group-commits the checkpoint in ``state_dir``.
 
     ``rebuild`` completes what was salvaged from a corrupt file (runs under the file lock).
+    ``lock_timeout_s`` bounds every wait for the file lock.
     """
 
     state_dir: Path
     clock: Callable[[], float] = time.time
     rebuild: Mutation = _unchanged
+    lock_timeout_s: float = LOCK_TIMEOUT_S
     _cond: threading.Condition = field(default_factory=threading.Condition, init=False)
     _queue: list[_Pending] = field(default_factory=list, init=False)
     _leader: bool = field(default=False, init=False)
     _cache: _Cache | None = field(default=None, init=False)
+    _legacy_checked: bool = field(default=False, init=False)  # see legacy_journal
     # Files written since start, (all, fsynced): read by /metrics at scrape time. Only the
     # committing thread writes (under the file lock), so plain integers are enough.
     writes: tuple[int, int] = field(default=(0, 0), init=False)
@@ -314,14 +293,8 @@ class CheckpointStore:
     def _lock_path(self) -> Path:
         return self.state_dir / LOCK_NAME
 
-    @functools.cached_property
-    def _journal(self) -> Journal:
-        return Journal(self.state_dir)
-
-    @contextlib.contextmanager
-    def _file_lock(self) -> Iterator[int]:
-        with atomicfile.locked(self._lock_path) as fd:
-            yield fd
+    def _file_lock(self) -> contextlib.AbstractContextManager[int]:
+        return atomicfile.locked(self._lock_path, timeout_s=self.lock_timeout_s)
 
     def _stamp(self, lock_fd: int) -> _Stamp:
         """What identifies the file's current content without reading it.
@@ -353,6 +326,7 @@ class CheckpointStore:
         stamp = self._stamp(lock_fd)
         if self._cache is not None and self._cache.stamp == stamp:
             return self._cache.checkpoint
+        legacy = None if self._legacy_checked else legacy_journal.find(self.state_dir)
         if stamp[1] is None:
             checkpoint = Checkpoint()
         else:
@@ -365,41 +339,40 @@ class CheckpointStore:
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 if isinstance(exc, pydantic.ValidationError):
                     reason = f"{exc.error_count()} schema error(s), first: {_first_error(exc)}"
-                moved_to, saved = self._replace_corrupt(lock_fd, data)
+                moved_to, saved = self._replace_corrupt(lock_fd, data, legacy)
                 raise CheckpointCorrupt(self.path, moved_to, f"{reason}; {saved}") from exc
-        journaled = self._journaled()
-        if journaled is not None and journaled[0].generation > checkpoint.generation:
-            # The file lost writes the journal made durable (a power loss before the file's own
-            # write reached the disk, or the file was deleted): the journal's state is the last
-            # one any caller was told is durable.
-            newer, data = journaled
-            log.warning(
-                "checkpoint %s is behind its journal (generation %d, journal %d); restored %d "
-                "claim record(s) from the journal",
-                self.path,
-                checkpoint.generation,
-                newer.generation,
-                len(newer.claims),
-            )
-            checkpoint = newer
-            self._replace_file(lock_fd, data)
-            stamp = self._stamp(lock_fd)
+        if legacy is not None:
+            return self._migrate(lock_fd, checkpoint, legacy)
+        self._legacy_checked = True
         self._cache = _Cache(checkpoint, stamp)
         return checkpoint
 
-    def _journaled(self) -> tuple[Checkpoint, bytes] | None:
-        """The journal's newest state and its bytes; None when it has none this plugin reads."""
-        entry = self._journal.read()
-        if entry is None:
-            return None
-        try:
-            return decode(entry.data), entry.data
-        except (_TooNew, ValueError, pydantic.ValidationError) as exc:
-            # Written by a newer plugin before a downgrade: the file is what this plugin uses.
-            log.warning("checkpoint journal entry %d not used: %s", entry.generation, exc)
-            return None
+    def _migrate(
+        self, lock_fd: int, checkpoint: Checkpoint, legacy: legacy_journal.Journal
+    ) -> Checkpoint:
+        """Take over the previous release's journal: its newest entry when it is newer than the
+        file, written durably; then the journal files go (see the module docstring)."""
+        journaled = _legacy_state(legacy)
+        if journaled is not None and journaled.generation > checkpoint.generation:
+            # That release was killed after its journal entry, before the file had it.
+            log.warning(
+                "checkpoint %s is behind the previous release's journal (generation %d, journal "
+                "%d): adopted the journal's %d claim record(s)",
+                self.path,
+                checkpoint.generation,
+                journaled.generation,
+                len(journaled.claims),
+            )
+            checkpoint = journaled
+        checkpoint = _next_generation(checkpoint)
+        self._write(lock_fd, checkpoint, durable=True)  # an error: the journal stays, for next time
+        legacy_journal.remove(legacy)
+        self._legacy_checked = True
+        return checkpoint
 
-    def _replace_corrupt(self, lock_fd: int, data: bytes) -> tuple[Path, str]:
+    def _replace_corrupt(
+        self, lock_fd: int, data: bytes, legacy: legacy_journal.Journal | None
+    ) -> tuple[Path, str]:
         """Move the corrupt file aside and write what can be saved in its place; needs the lock.
 
         Returns where the file went and what was saved. Raises OSError (the corrupt file back in
@@ -407,17 +380,21 @@ class CheckpointStore:
         """
         salvaged, dropped = salvage(data)
         restored = 0
-        journaled = self._journaled()
+        journaled = _legacy_state(legacy) if legacy is not None else None
         if journaled is not None:
-            # The journal holds every record made durable up to its entry; what the file still
-            # holds is at least as new, so its records win.
-            base = journaled[0]
-            restored = len(base.claims.keys() - salvaged.claims.keys())
-            salvaged = base.model_copy(
+            # The previous release's journal holds every record it made durable up to its entry:
+            # records the file no longer has come back; where both have one, the newer wins.
+            older, newer = (
+                (salvaged, journaled)
+                if journaled.generation > salvaged.generation
+                else (journaled, salvaged)
+            )
+            restored = len(journaled.claims.keys() - salvaged.claims.keys())
+            salvaged = salvaged.model_copy(
                 update={
-                    "boot_id": salvaged.boot_id or base.boot_id,
-                    "claims": {**base.claims, **salvaged.claims},
-                    "generation": max(base.generation, salvaged.generation),
+                    "boot_id": salvaged.boot_id or journaled.boot_id,
+                    "claims": {**older.claims, **newer.claims},
+                    "generation": newer.generation,
                 }
             )
         checkpoint = _next_generation(self.rebuild(salvaged))
@@ -427,32 +404,25 @@ class CheckpointStore:
         except OSError:
             os.replace(moved_to, self.path)
             raise
+        if legacy is not None:
+            legacy_journal.remove(legacy)
+        self._legacy_checked = True
         kept = len(salvaged.claims) - restored
         saved = f"kept {kept} claim record(s)"
         if restored:
-            saved += f", restored {restored} from the journal"
+            saved += f", restored {restored} from the previous release's journal"
         saved += f", rebuilt {len(checkpoint.claims) - kept - restored}"
         return moved_to, saved + (f", dropped: {'; '.join(dropped)}" if dropped else "")
 
     def _write(self, lock_fd: int, checkpoint: Checkpoint, *, durable: bool) -> None:
-        """Write ``checkpoint`` (its generation above the file's); ``durable``: via the journal."""
+        """Replace the file with ``checkpoint`` (its generation above the file's); needs the
+        lock. ``durable``: on disk when this returns (fsynced file and directory)."""
         data = encode(checkpoint)
-        slot = self._journal.write(checkpoint.generation, data) if durable else None
-        try:
-            self._replace_file(lock_fd, data)
-        except BaseException:
-            if slot is not None:
-                # Not written after all (a full disk): the journal must not bring it back.
-                self._journal.drop(slot)
-            raise
+        # Token before file: a crash in between only makes readers re-read.
+        os.pwrite(lock_fd, os.urandom(TOKEN_BYTES // 2).hex().encode(), 0)
+        atomicfile.write_atomic(self.path, data, durable=durable)
         self._cache = _Cache(checkpoint, self._stamp(lock_fd))
         self.writes = (self.writes[0] + 1, self.writes[1] + durable)
-
-    def _replace_file(self, lock_fd: int, data: bytes) -> None:
-        # Token before file: a crash in between only makes readers re-read. Not fsynced: the
-        # journal is what survives a power loss (see the module docstring).
-        os.pwrite(lock_fd, os.urandom(TOKEN_BYTES // 2).hex().encode(), 0)
-        atomicfile.write_atomic(self.path, data, durable=False)
 
     def remove_temp_files(self) -> int:
         """Remove temp files of writers killed mid-write (see the module docstring)."""
@@ -463,28 +433,27 @@ class CheckpointStore:
         """The checkpoint as this process last read or wrote it, without the file lock or I/O
         (:meth:`load` when it has read nothing yet). It may be stale (another instance may
         have written since): only for guesses that are checked again under the lock, so that
-        they do not wait for a commit's fsync."""
+        they do not wait for a commit's fsyncs."""
         cache = self._cache
         return cache.checkpoint if cache is not None else self.load()
 
     def load(self) -> Checkpoint:
-        """The current checkpoint; raises CheckpointCorrupt (after moving the file aside)."""
-        cache = self._cache
-        if cache is not None and cache.stamp is None:
-            # This process's last write, whose file the writer is still replacing under the
-            # lock: nobody else can have written since. Waiting for the lock would make a
-            # burst of prepares queue behind every rename.
-            return cache.checkpoint
+        """The current checkpoint, read under the file lock (from memory when the file is
+        unchanged); raises CheckpointCorrupt (after moving the file aside), CheckpointTooNew,
+        ``atomicfile.LockTimeout``."""
         with self._file_lock() as fd:
             return self._read(fd)
 
     def update(self, mutate: Mutation, *, durable: bool) -> Checkpoint:
         """Apply ``mutate`` to the latest checkpoint and persist it; returns the new value.
 
-        ``durable`` waits until the journal has it (a power loss cannot undo it); the file is
-        replaced right after, on the file writer's thread, still under the file lock, so no
-        other reader sees the file without it. Without ``durable`` the write of the file itself
-        is waited for, atomic but not fsynced: enough for records a reboot makes moot.
+        When this returns, the file has the write (a reader without the lock sees it too).
+        ``durable``: it is also on disk (a power loss cannot undo it). Without it the write is
+        atomic but not fsynced, which is enough only for records a power loss makes moot: a
+        power loss reboots the node, and what such a record is about does not outlive a reboot
+        (a ``PrepareStarted`` record guards a MIG device or a GPU's sharing settings, which a
+        reboot resets, for a prepare the kubelet never got an answer for; a roll-back's removal
+        that is lost brings that record back, and the next start rolls it back again).
         Exceptions from ``mutate`` propagate and leave the checkpoint unchanged.
         """
         pending = _Pending(mutate, durable)
@@ -508,65 +477,41 @@ class CheckpointStore:
         return pending.result
 
     def _commit(self, batch: list[_Pending]) -> None:
-        fd: int | None = None
+        """Apply and write ``batch`` under the file lock, taken and released on this thread."""
         try:
-            fd = atomicfile.acquire(self._lock_path)
-            checkpoint = _next_generation(self._read(fd))
-            applied: list[_Pending] = []
-            for item in batch:
-                try:
-                    checkpoint = item.mutate(checkpoint)
-                except Exception as exc:  # one mutation's failure is its caller's only
-                    item.error = exc
-                else:
-                    item.result = checkpoint
-                    applied.append(item)
-            if applied and any(item.durable for item in applied):
-                self._journal_then_file(fd, checkpoint)
-                fd = None  # the file writer's now: it releases the lock
-            elif applied:
-                self._write(fd, checkpoint, durable=False)
+            with self._file_lock() as fd:
+                checkpoint = _next_generation(self._read(fd))
+                applied: list[_Pending] = []
+                for item in batch:
+                    try:
+                        checkpoint = item.mutate(checkpoint)
+                    except Exception as exc:  # one mutation's failure is its caller's only
+                        item.error = exc
+                    else:
+                        item.result = checkpoint
+                        applied.append(item)
+                if applied:
+                    self._write(fd, checkpoint, durable=any(item.durable for item in applied))
         except BaseException as exc:
             for item in batch:
                 if item.error is None:
                     item.error = exc
         finally:
-            if fd is not None:
-                os.close(fd)
             for item in batch:
                 item.done = True
 
-    def _journal_then_file(self, lock_fd: int, checkpoint: Checkpoint) -> None:
-        """A durable write: the journal entry now (the callers may answer once it is on disk),
-        the file on the file writer's thread, which closes ``lock_fd`` when done."""
-        data = encode(checkpoint)
-        self._journal.write(checkpoint.generation, data)
-        self.writes = (self.writes[0] + 1, self.writes[1] + 1)
-        self._cache = _Cache(checkpoint, None)  # peek() and load() see it before the file has it
-        try:
-            _FILE_WRITER.submit(
-                functools.partial(self._replace_journaled, lock_fd, checkpoint, data)
-            )
-        except BaseException:
-            self._cache = None  # the file stays behind the journal: the next read repairs it
-            raise
 
-    def _replace_journaled(self, lock_fd: int, checkpoint: Checkpoint, data: bytes) -> None:
-        try:
-            self._replace_file(lock_fd, data)
-            self._cache = _Cache(checkpoint, self._stamp(lock_fd))
-        except Exception as exc:
-            # Durable already: the next read finds the file behind the journal and retries.
-            self._cache = None
-            log.error(
-                "checkpoint %s: generation %d is in the journal but the file was not replaced "
-                "(%s); the next read of the checkpoint replaces it",
-                self.path,
-                checkpoint.generation,
-                exc,
-            )
-        finally:
-            os.close(lock_fd)
+def _legacy_state(legacy: legacy_journal.Journal) -> Checkpoint | None:
+    """The state of the previous release's newest journal entry; None when it has none this
+    plugin reads."""
+    entry = legacy.newest
+    if entry is None:
+        return None
+    try:
+        return decode(entry.data)
+    except (_TooNew, ValueError, pydantic.ValidationError) as exc:
+        log.warning("checkpoint journal entry %d not used: %s", entry.generation, exc)
+        return None
 
 
 def _next_generation(checkpoint: Checkpoint) -> Checkpoint:

@@ -43,7 +43,9 @@ devices and the record atomic, also against another plugin instance (rolling upd
 rolling update each call also holds the node-wide call lock (``call_lock``) around steps 1 and 3;
 the claims are read from the API before it is taken (the GET is read-only and every check on the
 claim runs under the lock), so another instance waits for our locked work only, not for our API
-round trips.
+round trips. Every wait for a lock file is bounded: a call that cannot get one in time fails its
+claims with ``atomicfile.LockTimeout``'s message (the file and its holder), and the kubelet
+retries.
 
 Crash tests observe the steps through a collaborator: ``fault(step)`` is called after each step
 in :data:`FAULT_STEPS` (the plugin passes none; ``tests/cluster/crash_plugin.py`` starts it with
@@ -67,6 +69,7 @@ from dra_gpu.config import ConfigError
 from dra_gpu.devices.model import Device
 from dra_gpu.errors import UserError
 from dra_gpu.kube.objects import ResourceClaim
+from dra_gpu.kubeletplugin.atomicfile import LockTimeout
 from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice
 
 # The kit's result type; named here too because prepare's callers have always found it here.
@@ -225,16 +228,23 @@ class DeviceState:
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, PrepareResult]:
         uids = [r.uid for r in refs]
         fetched = dict(zip(uids, self._each(self._fetch, refs), strict=True))
-        with self._call_lock():
-            results = self._each(lambda r: self._prepare_one(r, fetched[r.uid]), refs)
+        try:
+            with self._call_lock():
+                results = self._each(lambda r: self._prepare_one(r, fetched[r.uid]), refs)
+        except LockTimeout as exc:  # the other instance holds it too long: each claim fails
+            log.error("prepare of %d claim(s) failed: %s", len(refs), exc)
+            return {uid: PrepareResult(error=f"prepare: {exc}", kind="LockTimeout") for uid in uids}
         return dict(zip(uids, results, strict=True))
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, str]:
         """Per claim UID an error message, "" on success."""
-        with self._call_lock():
-            return dict(
-                zip([r.uid for r in refs], self._each(self._unprepare_one, refs), strict=True)
-            )
+        uids = [r.uid for r in refs]
+        try:
+            with self._call_lock():
+                return dict(zip(uids, self._each(self._unprepare_one, refs), strict=True))
+        except LockTimeout as exc:
+            log.error("unprepare of %d claim(s) failed: %s", len(refs), exc)
+            return {uid: f"unprepare: {exc}" for uid in uids}
 
     def _each(self, fn: Callable[[ClaimRef], Any], refs: Sequence[ClaimRef]) -> list[Any]:
         if len(refs) <= 1:
@@ -272,7 +282,8 @@ class DeviceState:
             log.warning("prepare %s (%s) failed: %s", ref, ref.uid, exc)
             return PrepareResult(error=str(exc), kind=type(exc).__name__)
         except Exception as exc:
-            return PrepareResult(error=self._unexpected("prepare", ref, exc), kind="Unexpected")
+            kind = "LockTimeout" if isinstance(exc, LockTimeout) else "Unexpected"
+            return PrepareResult(error=self._unexpected("prepare", ref, exc), kind=kind)
 
     def _prepare_locked(self, ref: ClaimRef, fetched: _Fetched) -> tuple[PreparedDevice, ...]:
         record = self.store.load().claims.get(ref.uid)
@@ -316,6 +327,8 @@ class DeviceState:
             # A change outside the plugin's own files (a MIG device created, a GPU's sharing
             # set) is recorded before it is made, so that a crash before the answer undoes it.
             started = records.claim_record(plan, state=PREPARE_STARTED)
+            # Not fsynced: a power loss that undoes it also resets what it is about (the GPU's
+            # MIG devices and sharing settings); the kubelet was never answered.
             self.store.update(self._recorded(plan, started), durable=False)
             self._fault("after-checkpoint-started")
         recorded = started is not None
@@ -395,6 +408,8 @@ class DeviceState:
             if self._mig is not None:
                 self._mig.release(uid)
             if recorded:
+                # Not fsynced: undone by a power loss, the PrepareStarted record comes back and
+                # the next start rolls it back again.
                 self.store.update(lambda cp: cp.without_claim(uid), durable=False)
         except Exception:
             log.exception("rolling back claim %s failed; the next start cleans it up", uid)
@@ -478,7 +493,7 @@ class DeviceState:
         """This pool's devices in prepared claims; None when the checkpoint cannot be read."""
         try:
             checkpoint = self.store.load()
-        except CheckpointError as exc:
+        except (CheckpointError, OSError) as exc:  # OSError: its lock not taken in time, too
             log.error("cannot tell which devices are in use: %s", exc)
             return None
         return {

@@ -4,7 +4,8 @@ Cases: the threads of one instance are inside together while another holder of t
 other instance) cannot take it; an instance waits while the other holds it, and a thread that
 comes while its sibling waits for the file goes in with it; the file is free again once the last
 thread has left, also after a thread raised inside; start-up recovery (``held``) waits for a
-call of its own instance in progress.
+call of its own instance in progress; a holder that keeps the file fails the waiting calls and
+recovery after their bounded wait, naming the file and the holder's PID.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from lock_holder import held_by_another_process
 
-from dra_gpu.kubeletplugin import call_lock
+from dra_gpu.kubeletplugin import atomicfile, call_lock
 
 TIMEOUT_S = 10  # bounds a broken lock only
 
@@ -109,3 +111,36 @@ def test_recovery_waits_for_every_call_in_progress_of_its_own_instance_too(tmp_p
     caller.join(TIMEOUT_S)
     recoverer.join(TIMEOUT_S)
     assert recovered.is_set()
+
+
+def test_a_call_waits_a_bounded_time_then_fails_naming_the_file_and_holder(
+    tmp_path: Path,
+) -> None:
+    """The other instance (here another process) keeps the lock: the call, and a thread that
+    joined its wait, fail after the timeout with the file and the holder's PID; the lock works
+    again once the holder lets go."""
+    path = tmp_path / "calls.lock"
+    lock = call_lock.NodeCallLock(path, timeout_s=0.3)
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            with lock():
+                pass
+        except atomicfile.LockTimeout as exc:
+            errors.append(exc)
+
+    with held_by_another_process(path) as pid:
+        threads = [threading.Thread(target=call) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT_S)
+        with pytest.raises(atomicfile.LockTimeout) as recovery, call_lock.held(path, timeout_s=0.1):
+            pass
+    assert len(errors) == 2
+    for exc in (*errors, recovery.value):
+        assert f"lock {path} not taken within" in str(exc)
+        assert f"held by PID {pid}" in str(exc)
+    with lock():
+        assert not other_instance_can_lock(path)

@@ -10,7 +10,10 @@ Cases:
   completed by the store's ``rebuild``;
 - temp files of a writer killed mid-write are removed, never a live writer's;
 - a failing mutation changes nothing while others in the same batch commit;
-- two stores on one directory (rolling update) see each other's writes.
+- two stores on one directory (rolling update) see each other's writes;
+- when a write returns, ``checkpoint.json`` has it for a reader that takes no lock;
+- a lock held by another process fails reads and writes after the store's bounded wait, naming
+  the lock file and the holder's PID; they work again once it is released.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from lock_holder import held_by_another_process
 
 from dra_gpu.kubeletplugin import atomicfile
 from dra_gpu.prepare.checkpoint import (
@@ -53,10 +57,8 @@ RECORD = ClaimRecord(state=PREPARE_COMPLETED, namespace="ns", name="c", devices=
 
 
 def file_text(state_dir: Path) -> str:
-    """The file as another instance reads it: under the lock, which a durable write holds until
-    the file is replaced."""
-    with atomicfile.locked(state_dir / "checkpoint.lock"):
-        return (state_dir / "checkpoint.json").read_text()
+    """The file as an operator (or anything that takes no lock) reads it."""
+    return (state_dir / "checkpoint.json").read_text()
 
 
 def add(uid: str, record: ClaimRecord = RECORD) -> Callable[[Checkpoint], Checkpoint]:
@@ -72,11 +74,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert loaded == written
     assert loaded.claims["uid-1"].devices[0].uuid == "GPU-1"
     assert loaded.boot_id == "boot-1"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "checkpoint.journal-0",  # the durable write; the next one goes to journal-1
-        "checkpoint.json",
-        "checkpoint.lock",
-    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.lock"]
     assert json.loads(file_text(tmp_path))["version"] == SCHEMA_VERSION
 
 
@@ -276,7 +274,7 @@ def test_temp_files_of_a_live_writer_are_kept(tmp_path: Path) -> None:
     live = tmp_path / ".checkpoint.json.tmp-1"
     swept: list[int] = []
     sweeper = threading.Thread(target=lambda: swept.append(store.remove_temp_files()))
-    with atomicfile.locked(tmp_path / "checkpoint.lock"):  # what the other writer holds
+    with atomicfile.locked(tmp_path / "checkpoint.lock", timeout_s=10):  # the other writer's
         live.write_bytes(encode(theirs))
         sweeper.start()
         sweeper.join(0.5)
@@ -285,3 +283,31 @@ def test_temp_files_of_a_live_writer_are_kept(tmp_path: Path) -> None:
     sweeper.join(10)
     assert swept == [1] and not dead.exists()
     assert set(CheckpointStore(tmp_path).load().claims) == {"uid-2"}
+
+
+def test_every_returned_write_is_in_the_file_for_a_reader_without_the_lock(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    for durable in (True, False):
+        store.update(add("uid-1"), durable=durable)
+        assert "uid-1" in json.loads(file_text(tmp_path))["claims"]
+        store.update(lambda cp: cp.without_claim("uid-1"), durable=durable)
+        assert "uid-1" not in json.loads(file_text(tmp_path))["claims"]
+
+
+def test_a_lock_held_elsewhere_fails_after_the_bounded_wait_naming_its_holder(
+    tmp_path: Path,
+) -> None:
+    store = CheckpointStore(tmp_path, lock_timeout_s=0.2)
+    store.update(add("uid-1"), durable=True)
+    lock = tmp_path / "checkpoint.lock"
+    with held_by_another_process(lock) as pid:
+        attempts: list[Callable[[], Checkpoint]] = [
+            lambda: store.update(add("uid-2"), durable=True),
+            lambda: CheckpointStore(tmp_path, lock_timeout_s=0.2).load(),
+        ]
+        for attempt in attempts:
+            with pytest.raises(atomicfile.LockTimeout) as info:
+                attempt()
+            assert str(info.value) == f"lock {lock} not taken within 0.2 s: held by PID {pid}"
+    store.update(add("uid-2"), durable=True)
+    assert set(CheckpointStore(tmp_path).load().claims) == {"uid-1", "uid-2"}

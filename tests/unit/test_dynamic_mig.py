@@ -320,7 +320,7 @@ def test_a_lost_checkpoint_keeps_the_device_and_its_spec(tmp_path: Path) -> None
     assert node.state().prepare([ref("u1")])[ClaimUID("u1")].error == ""
     (made,) = node.instances()
     for path in (tmp_path / "state").glob("checkpoint.*"):
-        path.unlink()  # the record is gone (file and journal), the spec is not
+        path.unlink()  # the record is gone, the spec is not
 
     restarted = node.state()
     assert restarted.start().mig_destroyed == ()  # adopted from its spec: still prepared

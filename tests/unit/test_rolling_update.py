@@ -8,10 +8,13 @@ directories; the API server is a fake. Client threads prepare claims through whi
 instances serve, keep each acknowledged claim a while, check that its CDI spec and completed
 record are still there, then unprepare it.
 
-Case: no acknowledged prepare loses its spec or record, over ``DRA_GPU_ROLLING_STARTS`` starts
-(40 by default; set it higher for a longer run, e.g.
-``DRA_GPU_ROLLING_STARTS=400 .venv/bin/pytest -s tests/unit/test_rolling_update.py``). The
-figures (starts, prepares acknowledged, lost) are printed; ``-s`` shows them.
+Cases, over ``DRA_GPU_ROLLING_STARTS`` starts (40 by default; set it higher for a longer run,
+e.g. ``DRA_GPU_ROLLING_STARTS=400 .venv/bin/pytest -s tests/unit/test_rolling_update.py``):
+- no acknowledged prepare loses its spec or record;
+- ``checkpoint.json``, read as an operator reads it (no lock) right after each answer, has the
+  completed record of each acknowledged prepare and none of each acknowledged unprepare.
+The figures (starts, prepares acknowledged, lost, not in the file when answered) are printed;
+``-s`` shows them.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_gpu.plugin import node_plugin
 from dra_gpu.plugin import settings as plugin_settings
 from dra_gpu.prepare import cdi
-from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, Checkpoint, CheckpointStore
 
 STARTS = int(os.environ.get("DRA_GPU_ROLLING_STARTS", "40"))
 CLIENTS = 6
@@ -95,6 +98,7 @@ class Client(threading.Thread):
         self.node, self.index, self.stop = node, index, stop
         self.acknowledged = 0
         self.lost: list[str] = []
+        self.not_in_file: list[str] = []  # the file did not agree with an answer just given
         self.errors: list[str] = []
         self.held: deque[str] = deque()
         self.channels: dict[Path, grpc.Channel] = {}
@@ -130,12 +134,22 @@ class Client(threading.Thread):
         if not spec or record is None or record.state != PREPARE_COMPLETED:
             self.lost.append(f"{uid}: spec {'present' if spec else 'missing'}, record {record}")
 
+    def check_file(self, uid: str, *, prepared: bool) -> None:
+        """``checkpoint.json`` as it is on disk, read without the checkpoint's lock."""
+        path = self.node.root / "state" / "checkpoint.json"
+        record = Checkpoint.model_validate_json(path.read_bytes()).claims.get(uid)
+        if prepared and (record is None or record.state != PREPARE_COMPLETED):
+            self.not_in_file.append(f"{uid}: prepared, record in the file {record}")
+        elif not prepared and record is not None:
+            self.not_in_file.append(f"{uid}: unprepared, record still in the file")
+
     def release_oldest(self) -> None:
         uid = self.held[0]
         self.check(uid)
         while self.call("unprepare", uid) != "":
             if self.stop.is_set():
                 return
+        self.check_file(uid, prepared=False)
         self.held.popleft()
 
     def run(self) -> None:
@@ -148,6 +162,7 @@ class Client(threading.Thread):
             while not self.stop.is_set():
                 error = self.call("prepare", uid)
                 if error == "":
+                    self.check_file(uid, prepared=True)
                     self.acknowledged += 1
                     self.held.append(uid)
                     break
@@ -194,10 +209,13 @@ def test_overlapping_starts_lose_no_acknowledged_prepare(node: Node) -> None:
     acknowledged = sum(c.acknowledged for c in clients)
     lost = [x for c in clients for x in c.lost]
     errors = [x for c in clients for x in c.errors]
+    not_in_file = [x for c in clients for x in c.not_in_file]
     print(
         f"\nrolling update: {STARTS} overlapping starts, {acknowledged} prepares acknowledged, "
-        f"{len(lost)} lost, {len(errors)} failed, {time.monotonic() - started:.1f} s"
+        f"{len(lost)} lost, {len(not_in_file)} not in the file when answered, {len(errors)} "
+        f"failed, {time.monotonic() - started:.1f} s"
     )
     assert errors == [], f"{len(errors)} prepares failed, e.g. {errors[:3]}"
     assert acknowledged >= STARTS, "the clients hardly got any prepare through"
     assert lost == [], f"{len(lost)} acknowledged prepares lost, e.g. {lost[:3]}"
+    assert not_in_file == [], f"{len(not_in_file)} answers not in the file, e.g. {not_in_file[:3]}"

@@ -24,7 +24,10 @@ Cases:
 - with a call lock (rolling update), prepare reads its claim while another holder has the lock
   and writes nothing until it gets it; unprepare waits for it too; a claim completed when it was
   read but unprepared by the other holder since is read again under the lock;
-- a prepare reads its claim while a checkpoint commit holds the checkpoint lock.
+- a prepare reads its claim while a checkpoint commit holds the checkpoint lock;
+- a lock file (the call lock, the checkpoint's) held by another process past the bounded wait
+  fails the call's claims with a message naming the file and the holder's PID, and the plugin
+  goes on: once it is released the retry succeeds.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ from fake_claims import (
     ref,
     result,
 )
+from lock_holder import held_by_another_process
+from test_checkpoint_legacy_journal import legacy_slot
 
 from dra_gpu.kubeletplugin import atomicfile, call_lock
 from dra_gpu.kubeletplugin.ids import ClaimUID
@@ -298,10 +303,7 @@ def test_corrupt_checkpoint_then_restart_keeps_every_prepared_claim(env: Env) ->
     state = env.state()
     answers = state.prepare([ref("u1"), ref("u2")])
     specs = {u: cdi.spec_path(env.cdi_root, ClaimUID(u)).read_text() for u in ("u1", "u2")}
-    settled(env)
-    (env.state_dir / "checkpoint.json").write_text("{not json")
-    for entry in env.state_dir.glob("checkpoint.journal-*"):
-        entry.unlink()  # the journal lost as well: the specs are all that is left
+    (env.state_dir / "checkpoint.json").write_text("{not json")  # the specs are all that is left
 
     first = env.state().start()
     second = env.state().start()  # the next clean start must not take them for orphans
@@ -327,17 +329,26 @@ def test_corrupt_checkpoint_then_restart_keeps_every_prepared_claim(env: Env) ->
     assert env.specs() == set() and env.checkpoint_claims() == {}
 
 
-def test_corrupt_checkpoint_keeps_full_records_from_its_journal(env: Env) -> None:
+def test_corrupt_checkpoint_keeps_full_records_from_the_previous_releases_journal(
+    env: Env,
+) -> None:
+    """Upgraded from the release with the journal: its entry has what the file lost."""
     env.fetcher.add(claim("u1", [result("gpu-0", "train")]))
     env.fetcher.add(claim("u2", [result(MIG, "infer")]))
     state = env.state()
     answers = state.prepare([ref("u1"), ref("u2")])
-    settled(env)
+    written = CheckpointStore(env.state_dir).load()
+    journal = legacy_slot(written.generation, (env.state_dir / "checkpoint.json").read_bytes())
+    (env.state_dir / "checkpoint.journal-0").write_bytes(journal)
     (env.state_dir / "checkpoint.json").write_text("{not json")
 
     report = env.state().start()
     assert report.corrupt is not None
-    assert "kept 0 claim record(s), restored 2 from the journal, rebuilt 0" in report.corrupt
+    assert (
+        "kept 0 claim record(s), restored 2 from the previous release's journal, rebuilt 0"
+        in report.corrupt
+    )
+    assert list(env.state_dir.glob("checkpoint.journal-*")) == []
     records = CheckpointStore(env.state_dir).load().claims
     assert not records["u1"].from_spec and not records["u2"].from_spec
     assert env.state().prepare([ref("u1"), ref("u2")]) == answers
@@ -359,7 +370,6 @@ def test_claims_sharing_a_device_both_prepare_again_after_a_corrupt_checkpoint(e
     env.fetcher.add(claim("a", [result("gpu-0", share_id="s1")]))
     env.fetcher.add(claim("b", [result("gpu-0", share_id="s2")]))
     answers = env.state().prepare([ref("a"), ref("b")])
-    settled(env)
     (env.state_dir / "checkpoint.json").write_text("{not json")
     env.state().start()
     assert env.state().prepare([ref("a"), ref("b")]) == answers
@@ -369,7 +379,6 @@ def test_corrupt_checkpoint_is_reported_and_serving_continues(env: Env) -> None:
     env.fetcher.add(claim("u1", [result("gpu-0")]))
     env.fetcher.add(claim("u2", [result("gpu-1-mig-2g10gb-14-0")]))
     env.state().prepare([ref("u1")])
-    settled(env)
     (env.state_dir / "checkpoint.json").write_text("{not json")
     report = env.state().start()
     assert report.corrupt is not None and "moved aside to" in report.corrupt
@@ -392,31 +401,15 @@ def _raise_at(target: str) -> Callable[[str], None]:
 
 
 def _snapshot_at(target: str, src: Path, dst: Path) -> Callable[[str], None]:
-    """Copy the on-disk state as it is at ``target``, then stop like a kill would.
-
-    The checkpoint's file writer may be replacing the file meanwhile: a temp file it renames
-    during the copy is skipped, as a kill at that moment could leave either the old file or the
-    new one (the journal has the state either way).
-    """
+    """Copy the on-disk state as it is at ``target``, then stop like a kill would (every write
+    before the step is done when the step is reached: no thread writes on behind it)."""
 
     def fault(step: str) -> None:
         if step == target:
-            shutil.copytree(src, dst, copy_function=_copy_unless_gone)
+            shutil.copytree(src, dst)
             raise _Crash(step)
 
     return fault
-
-
-def _copy_unless_gone(src: str, dst: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        shutil.copy2(src, dst)
-
-
-def settled(env: Env) -> None:
-    """Wait for a durable write's file replacement, as another process reading the checkpoint
-    (under its lock) would, before the test touches the file itself."""
-    with atomicfile.locked(env.state_dir / "checkpoint.lock"):
-        pass
 
 
 @pytest.mark.parametrize(
@@ -545,9 +538,8 @@ def test_prepared_devices_are_those_of_prepared_claims(env: Env) -> None:
 
 
 # Runs a prepare in a child process that SIGKILLs itself at its Nth atomic rename, i.e. with that
-# file's temp copy written and not yet renamed: the checkpoint file's (on the file writer's
-# thread) or the spec's, whichever comes first or second; the journal entry is durable before
-# either.
+# file's temp copy written and not yet renamed: the checkpoint's (the first: the record) or the
+# spec's (the second, after the record is on disk).
 _KILLED_MID_WRITE = """
 import os, signal, sys
 from pathlib import Path
@@ -587,16 +579,17 @@ def test_sigkill_mid_write_leaves_a_temp_file_the_next_start_removes(
             p.name for d in (env.state_dir, env.cdi_root) if d.is_dir() for p in d.iterdir()
         )
 
-    # The checkpoint file is replaced on its own thread, so the spec's temp file may be there too.
     left = [n for n in temp_files() if ".tmp-" in n]
-    assert left, f"the kill left no temp file: {temp_files()}"
+    assert len(left) == 1, f"the kill left no temp file: {temp_files()}"
     report = env.state().start()
-    settled(env)  # start's own checkpoint write may still be replacing the file
     assert [n for n in temp_files() if ".tmp-" in n] == []
-    assert report.temp_files_removed == len(left)
-    # Whichever rename was cut, the record was durable in the journal before it: start restores
-    # the record and puts the spec in place if it is missing; the retry is answered from them.
-    assert env.specs() == {"u1"} and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
+    assert report.temp_files_removed == 1
+    if kill_at == 1:
+        # The record never reached the file (nor was the kubelet answered): nothing prepared.
+        assert env.specs() == set() and env.checkpoint_claims() == {}
+    else:
+        # The record was on disk before the spec's write: start puts the spec in place.
+        assert env.specs() == {"u1"} and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
     env.fetcher.add(claim("u1", [result("gpu-0")]))
     assert env.state().prepare([ref("u1")])[ClaimUID("u1")].error == ""
     assert env.specs() == {"u1"} and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
@@ -660,7 +653,8 @@ def test_claim_is_read_while_a_checkpoint_commit_is_in_progress(env: Env) -> Non
     state = env.state()
     state.start()
     # A commit in progress.
-    prepare_reads_then_waits(env, state, atomicfile.locked(env.state_dir / "checkpoint.lock"))
+    lock = env.state_dir / "checkpoint.lock"
+    prepare_reads_then_waits(env, state, atomicfile.locked(lock, timeout_s=10))
     assert env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
 
 
@@ -677,3 +671,27 @@ def test_a_plain_claim_costs_one_checkpoint_write_each_way(env: Env) -> None:
     shared = env.state(sharing=time_slicing(env))
     shared.prepare([ref("u1")])
     assert shared.store.writes == (2, 1), "with sharing on, PrepareStarted is recorded first"
+
+
+@pytest.mark.parametrize("which", ["call lock", "checkpoint lock"])
+def test_a_lock_held_too_long_fails_the_calls_claims_naming_its_holder(
+    env: Env, which: str
+) -> None:
+    env.fetcher.add(claim("u1", [result("gpu-0")]))
+    env.fetcher.add(claim("u2", [result(MIG)]))
+    calls = env.root / "calls.lock"
+    state = env.state(
+        call_lock=call_lock.NodeCallLock(calls, timeout_s=0.2),
+        store=CheckpointStore(env.state_dir, lock_timeout_s=0.2),
+    )
+    assert state.prepare([ref("u2")])[ClaimUID("u2")].error == ""
+    lock = calls if which == "call lock" else env.state_dir / "checkpoint.lock"
+    with held_by_another_process(lock) as pid:
+        prepared = state.prepare([ref("u1")])[ClaimUID("u1")]
+        unprepared = state.unprepare([ref("u2")])[ClaimUID("u2")]
+    for error in (prepared.error, unprepared):
+        assert f"lock {lock} not taken within 0.2 s: held by PID {pid}" in error
+    assert prepared.kind == "LockTimeout"
+    assert state.prepare([ref("u1")])[ClaimUID("u1")].error == ""
+    assert state.unprepare([ref("u2")]) == {"u2": ""}
+    assert env.specs() == {"u1"} and env.checkpoint_claims() == {"u1": PREPARE_COMPLETED}
