@@ -208,11 +208,11 @@ def test_a_request_or_response_over_its_size_limit_is_resource_exhausted(
 
 def test_headers_over_their_limit_are_resource_exhausted(channel: grpc.Channel) -> None:
     echo = unary(channel, "Echo")
-    big = [("x-big", "v" * grpcio_server.MAX_HEADER_BYTES)]
+    big = (("x-big", "v" * grpcio_server.MAX_HEADER_BYTES),)
     with pytest.raises(grpc.RpcError) as refused:
         echo(b"", timeout=TIMEOUT_S, metadata=big)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    fits = [("x-small", "v" * (grpcio_server.MAX_HEADER_BYTES // 2))]
+    fits = (("x-small", "v" * (grpcio_server.MAX_HEADER_BYTES // 2)),)
     assert echo(b"ok", timeout=TIMEOUT_S, metadata=fits) == b"ok"
 
 
