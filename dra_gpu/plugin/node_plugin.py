@@ -57,11 +57,11 @@ log = logging.getLogger(__name__)
 
 DRA_GRACE_S = 10.0
 # The DRA socket: the kubelet's prepare and unprepare calls (one per pod being started or
-# stopped, so a burst of pod starts on a full node), one device health stream for as long as
-# it is connected, and the /healthz probe. Prepares wait for each other on the prepare state,
-# so more slots would only add waiting threads; beyond them a call is refused at once
-# (RESOURCE_EXHAUSTED) and the kubelet retries it. Half of them per connection, so no single
-# client takes them all.
+# stopped, all of a pod's claims in one call, so 32 covers a burst of pod starts on a full
+# node), one device health stream for as long as it is connected, and the /healthz probe. The
+# calls share the plugin's CPU and the node's prepare state, so more at once finish no sooner;
+# beyond them a call is refused at once (RESOURCE_EXHAUSTED) and the kubelet retries the pod.
+# Half of them per connection, so no single client takes them all.
 DRA_LIMITS = grpcio_server.Limits(concurrent_rpcs=32, streams_per_connection=16)
 # The registration socket: the kubelet's GetInfo and NotifyRegistrationStatus, one at a time,
 # and the /healthz probe.
