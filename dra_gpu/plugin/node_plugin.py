@@ -10,7 +10,11 @@ Start order (each step needs the one before; ``main.serve`` runs them):
    ``main.device_state``; DRAResourceHealth v1 + v1alpha1, grpc.health.v1), then the
    registration server on the registry socket. That must come last: the kubelet connects to
    the DRA endpoint as soon as registration succeeds. Then HTTP /healthz, when a port is
-   configured.
+   configured: it makes a real call on each socket (``grpc_probe``).
+
+Both sockets are served by grpcio (``grpcio_server``) with the limits below. grpc.health.v1
+answers SERVING on both once the servers run and the slices were published, NOT_SERVING before
+and from the moment ``stop`` begins.
 
 Stop order is the reverse for the sockets: the registration socket goes first, so the kubelet
 deregisters this instance (and, in a rolling update, switches to the other) before the DRA
@@ -36,22 +40,32 @@ from dra_gpu.kubeletplugin import (
     call_lock,
     device_health,
     dra_service,
-    grpc_health,
+    grpc_probe,
+    grpcio_server,
     healthz,
     publisher,
     registration,
-    rpcserver,
     slice_plan,
     sockets,
 )
 from dra_gpu.kubeletplugin.driver import Driver
-from dra_gpu.kubeletplugin.rpc_methods import Method, RpcServer
+from dra_gpu.kubeletplugin.rpc_methods import Method
 from dra_gpu.plugin import published
 from dra_gpu.plugin.settings import POD_UID_PATTERN, Settings, socket_paths
 
 log = logging.getLogger(__name__)
 
 DRA_GRACE_S = 10.0
+# The DRA socket: the kubelet's prepare and unprepare calls (one per pod being started or
+# stopped, all of a pod's claims in one call, so 32 covers a burst of pod starts on a full
+# node), one device health stream for as long as it is connected, and the /healthz probe. The
+# calls share the plugin's CPU and the node's prepare state, so more at once finish no sooner;
+# beyond them a call is refused at once (RESOURCE_EXHAUSTED) and the kubelet retries the pod.
+# Half of them per connection, so no single client takes them all.
+DRA_LIMITS = grpcio_server.Limits(concurrent_rpcs=32, streams_per_connection=16)
+# The registration socket: the kubelet's GetInfo and NotifyRegistrationStatus, one at a time,
+# and the /healthz probe.
+REGISTRATION_LIMITS = grpcio_server.Limits(concurrent_rpcs=4, streams_per_connection=4)
 
 
 def renderer(
@@ -102,9 +116,14 @@ class NodePlugin:
             render=renderer(settings, devices),
             instance=instance,
             alive=self._instance_alive,
+            on_synced=self._follow_health,
         )
-        self._dra_server: RpcServer | None = None
-        self._reg_server: RpcServer | None = None
+        self._dra_server: grpcio_server.GrpcioServer | None = None
+        self._reg_server: grpcio_server.GrpcioServer | None = None
+        self._grpc_health = grpcio_server.health_servicer()
+        self._probes = grpc_probe.SocketProbes(
+            dra=self._paths.dra, registration_socket=self._paths.registration
+        )
         self._healthz: healthz.HealthzServer | None = None
         self._serving = False
         self._registered = threading.Event()
@@ -142,13 +161,33 @@ class NodePlugin:
         self.health.set_faults(faults or {})
         self.health.set_devices([d.name for d in devices], in_use=in_use)
 
-    def problem(self) -> str | None:
-        """Why the plugin is not healthy, or None (for /healthz and grpc health)."""
+    def _state_problem(self) -> str | None:
+        """Why the plugin is not healthy by what it knows of itself (grpc.health.v1 follows it:
+        it cannot probe its own sockets, the probe's health check would ask itself)."""
         if not self._serving:
             return "gRPC servers are not serving"
         if not self.publisher.synced:
             return "ResourceSlices not published yet"
         return None
+
+    def problem(self) -> str | None:
+        """Why the plugin is not healthy, or None (liveness, /healthz): started and published,
+        and both sockets answer a real call now."""
+        return self._state_problem() or self._probes.problem()
+
+    def _follow_health(self) -> None:
+        """Set grpc.health.v1 to what ``_state_problem`` says now.
+
+        Called by ``serve`` and by the publisher's thread when the slices were first published.
+        Each looks again after setting the status: when the two race, the one that read the
+        older state sees the newer one and sets it again, so the last status set is the current
+        one, with no lock held while the status reaches the watchers.
+        """
+        while True:
+            serving = self._state_problem() is None
+            grpcio_server.set_serving(self._grpc_health, serving)
+            if (self._state_problem() is None) == serving:
+                return
 
     def not_ready(self) -> str | None:
         """Why the plugin should not get calls yet (readiness), or None: healthy, and the kubelet
@@ -180,6 +219,7 @@ class NodePlugin:
         self._dra_server = self._start_dra_server(driver)
         self._reg_server = self._start_registration_server()
         self._serving = True
+        self._follow_health()
         if self._settings.healthz_port is not None:
             self._healthz = healthz.HealthzServer(
                 address=self._settings.healthz_address,
@@ -189,38 +229,38 @@ class NodePlugin:
             )
             self._healthz.start()
 
-    def _serve(self, methods: list[Method], path: Path, *, workers: int, name: str) -> RpcServer:
+    def _serve(
+        self, methods: list[Method], path: Path, *, limits: grpcio_server.Limits, name: str
+    ) -> grpcio_server.GrpcioServer:
         """Serve ``methods`` (and grpc.health.v1) on the unix socket ``path``."""
-        methods = methods + grpc_health.methods(lambda: self.problem() is None)
-        server: RpcServer
-        if self._settings.grpc_server == "grpcio":
-            # Imported only when chosen: grpc costs ~17 MiB of memory.
-            from dra_gpu.kubeletplugin import grpcio_server
-
-            server = grpcio_server.GrpcioServer(methods, max_workers=workers, name=name)
-        else:
-            server = rpcserver.Server(methods, max_workers=workers, name=name)
+        server = grpcio_server.GrpcioServer(
+            methods, health=self._grpc_health, limits=limits, name=name
+        )
         temporary = sockets.listen_private(path, server.add_address)
         server.start()
         sockets.publish(temporary, path)
-        log.info("listening on %s (%s gRPC server)", path, self._settings.grpc_server)
+        log.info("listening on %s", path)
         return server
 
-    def _start_dra_server(self, driver: Driver) -> RpcServer:
+    def _start_dra_server(self, driver: Driver) -> grpcio_server.GrpcioServer:
         methods = dra_service.methods(driver) + device_health.methods(self.health)
-        return self._serve(methods, self._paths.dra, workers=16, name="dra")
+        return self._serve(methods, self._paths.dra, limits=DRA_LIMITS, name="dra")
 
-    def _start_registration_server(self) -> RpcServer:
+    def _start_registration_server(self) -> grpcio_server.GrpcioServer:
         service = registration.Registration(
             driver_name=self._settings.driver_name,
             dra_endpoint=self._paths.dra,
             on_registered=self._registered.set,
         )
-        return self._serve(service.methods(), self._paths.registration, workers=2, name="reg")
+        return self._serve(
+            service.methods(), self._paths.registration, limits=REGISTRATION_LIMITS, name="reg"
+        )
 
     def stop(self) -> None:
         """Remove our sockets and stop serving; safe to call more than once."""
         self._serving = False
+        # NOT_SERVING for good (later sets are ignored), to callers and watchers alike.
+        self._grpc_health.enter_graceful_shutdown()
         sockets.remove(self._paths.registration)
         if self._reg_server is not None:
             self._reg_server.stop(grace=1.0)
@@ -231,4 +271,5 @@ class NodePlugin:
         self._stop.set()
         if self._healthz is not None:
             self._healthz.stop()
+        self._probes.close()
         log.info("stopped; sockets removed")

@@ -60,7 +60,14 @@ ENV_VARS: Mapping[str, str] = {
     "grpc_server": "GRPC_SERVER",
 }
 MIG_MODES = ("static", "dynamic")
-GRPC_SERVERS = ("builtin", "grpcio")
+# --grpc-server / GRPC_SERVER picked between two gRPC servers; grpcio is now the only one. A
+# DaemonSet made by an older chart with kubeletPlugin.grpcServer=grpcio still passes
+# GRPC_SERVER=grpcio when only its image is updated, so that value is accepted (and ignored,
+# with a warning) rather than stopping the plugin on every node; "builtin", which that chart
+# never rendered, was set by hand and asks for a server that is gone: refused.
+REMOVED_GRPC_SERVER = (
+    "--grpc-server / GRPC_SERVER was removed: grpcio always serves the plugin's gRPC sockets"
+)
 
 
 class SettingsError(UserError, ValueError):
@@ -103,8 +110,8 @@ class Settings:
     mps_support: bool = False
     # "dynamic": MIG devices are created by prepare (docs/dynamic-mig.md); "static": as found.
     mig_mode: str = "static"
-    # What serves the plugin's gRPC sockets: "builtin" (kubeletplugin.rpcserver) or "grpcio".
-    grpc_server: str = "builtin"
+    # Warnings about the settings (a removed setting given), logged once logging is set up.
+    warnings: tuple[str, ...] = ()
 
     @property
     def rolling_update(self) -> bool:
@@ -210,8 +217,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--grpc-server",
         "grpc_server",
-        "what serves the plugin's gRPC sockets: builtin (a small HTTP/2 server, less memory and "
-        "CPU) or grpcio (the gRPC project's server) (default builtin)",
+        "removed: grpcio always serves the gRPC sockets; 'grpcio' is still accepted (with a "
+        "warning), any other value is an error",
     )
 
 
@@ -304,9 +311,12 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     mig_mode = pick("mig_mode") or "static"
     if mig_mode not in MIG_MODES:
         raise SettingsError(f"MIG mode must be static or dynamic, got {mig_mode!r}")
-    grpc_server = pick("grpc_server") or "builtin"
-    if grpc_server not in GRPC_SERVERS:
-        raise SettingsError(f"gRPC server must be builtin or grpcio, got {grpc_server!r}")
+    warnings: list[str] = []
+    grpc_server = pick("grpc_server")
+    if grpc_server == "grpcio":
+        warnings.append(f"{REMOVED_GRPC_SERVER}; remove the setting (it is ignored)")
+    elif grpc_server is not None:
+        raise SettingsError(f"{REMOVED_GRPC_SERVER}; remove the setting (got {grpc_server!r})")
     settings = Settings(
         node_name=node_name,
         driver_name=driver,
@@ -330,7 +340,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         time_slicing_settings=_switch(pick("time_slicing_settings"), "--time-slicing-settings"),
         mps_support=_switch(pick("mps_support"), "--mps-support"),
         mig_mode=mig_mode,
-        grpc_server=grpc_server,
+        warnings=tuple(warnings),
     )
     for path in dataclasses.astuple(socket_paths(settings)):
         if len(str(path).encode()) > sockets.MAX_PATH:
