@@ -2,7 +2,7 @@
 
 ``bench/prepare.py --server standalone`` runs it to measure prepare without the plugin's
 node-wide call lock. The prepare core and the server's limits are the plugin's own
-(``plugin.prepare_core``, ``node_plugin.DRA_LIMITS``), so what is measured is what the plugin
+(``plugin.prepare_core``, ``kit.DRA_LIMITS``), so what is measured is what the plugin
 does per claim.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.kube.client import connect
-from dra_gpu.kubeletplugin import dra_service, grpcio_server
-from dra_gpu.plugin import inventory, node_plugin, platforms, prepare_core
+from dra_gpu.kubeletplugin import dra_service, grpcio_server, kit
+from dra_gpu.plugin import inventory, platforms, prepare_core
 from dra_gpu.prepare.sharing.applied import Switches
 
 
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = grpcio_server.GrpcioServer(
         dra_service.methods(state),
         health=grpcio_server.health_servicer(),
-        limits=node_plugin.DRA_LIMITS,
+        limits=kit.DRA_LIMITS,
     )
     args.socket.unlink(missing_ok=True)
     server.add_address(f"unix:{args.socket}")

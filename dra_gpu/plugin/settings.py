@@ -33,7 +33,7 @@ DEFAULT_HEALTHZ_ADDRESS = "127.0.0.1"
 DEFAULT_REDISCOVER_INTERVAL_S = 60.0
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-POD_UID_PATTERN = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]{0,62}$")
+POD_UID_PATTERN = sockets.POD_UID_PATTERN
 
 # (flag dest, environment variable). The flags' defaults are None so that "not given" is visible.
 ENV_VARS: Mapping[str, str] = {
@@ -72,15 +72,6 @@ REMOVED_GRPC_SERVER = (
 
 class SettingsError(UserError, ValueError):
     """A flag or environment variable has a value the plugin cannot run with."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SocketPaths:
-    """Where this instance listens and which file serializes calls across instances."""
-
-    registration: Path
-    dra: Path
-    lock: Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,19 +339,16 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     return settings
 
 
-def socket_paths(settings: Settings) -> SocketPaths:
-    """Socket names: defaults, or per-instance names in rolling-update mode.
+def socket_paths(settings: Settings) -> sockets.SocketPaths:
+    """This instance's sockets (``sockets.socket_paths``)."""
+    return instance_socket_paths(settings, settings.pod_uid)
 
-    The kubelet tells instances apart by their registration socket; the newest one it connected
-    to gets the calls. The lock file is shared by all instances of the driver on the node.
-    """
-    driver = settings.driver_name
-    if settings.pod_uid is None:
-        reg_name, dra_name = f"{driver}-reg.sock", "dra.sock"
-    else:
-        reg_name, dra_name = f"{driver}-{settings.pod_uid}-reg.sock", f"dra-{settings.pod_uid}.sock"
-    return SocketPaths(
-        registration=settings.plugin_registry_dir / reg_name,
-        dra=settings.plugin_data_dir / dra_name,
-        lock=settings.plugin_data_dir / "calls.lock",
+
+def instance_socket_paths(settings: Settings, pod_uid: str | None) -> sockets.SocketPaths:
+    """The sockets of the instance with ``pod_uid`` (None: the only instance) on this node."""
+    return sockets.socket_paths(
+        driver_name=settings.driver_name,
+        registry_dir=settings.plugin_registry_dir,
+        data_dir=settings.plugin_data_dir,
+        pod_uid=pod_uid,
     )

@@ -37,6 +37,7 @@ from dra_gpu.kubeletplugin import (
     device_health,
     grpcio_server,
     healthz,
+    kit,
     slice_plan,
     sockets,
 )
@@ -120,7 +121,7 @@ def get_info(registration: Path) -> pluginregistration_v1_pb2.PluginInfo:
         return stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=TIMEOUT_S)
 
 
-def paths(root: Path, *extra: str) -> plugin_settings.SocketPaths:
+def paths(root: Path, *extra: str) -> sockets.SocketPaths:
     return plugin_settings.socket_paths(make_settings(root, *extra))
 
 
@@ -368,7 +369,7 @@ def test_healthz_calls_both_sockets_and_names_the_one_that_does_not_answer(
     assert _probe(port, "/healthz") == (200, "ok")
     dra = paths(short_root).dra
     # Every call slot of the DRA socket taken (streams that never end): it answers nothing more.
-    with every_call_slot_taken(dra, node_plugin.DRA_LIMITS):
+    with every_call_slot_taken(dra, kit.DRA_LIMITS):
         status, reason = _probe(port, "/healthz")
     assert status == 503
     assert f"the DRA socket {dra} did not answer a health check: RESOURCE_EXHAUSTED" in reason
