@@ -27,7 +27,7 @@ from dra_gpu.explain import analysis, source
 from dra_gpu.kube.client import KubeClient, connect
 from dra_gpu.kube.objects import ResourceClaim
 from e2e import waiting
-from e2e.cluster import Cluster
+from e2e.cluster import SIMULATED_TOLERATION, Cluster
 from e2e.sim_slices import node_slices
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,6 +202,7 @@ def pod(name: str, claim: str) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
+            "tolerations": [dict(SIMULATED_TOLERATION)],  # the nodes are simulated
             "containers": [
                 {
                     "name": "main",

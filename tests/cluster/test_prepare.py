@@ -40,7 +40,7 @@ from dra_gpu.prepare.cdi_validate import validate_spec
 from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
 from dra_gpu.prepare.state import FAULT_STEPS
 from e2e import cdi_validator, procs, waiting
-from e2e.cluster import Cluster
+from e2e.cluster import SIMULATED_TOLERATION, Cluster
 from e2e.cluster.device_classes import builtin_device_classes
 from e2e.driver import PluginDirs, plugin_argv
 from e2e.kube_json import as_body
@@ -126,6 +126,7 @@ def pod_body(name: str, template: str, node: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [dict(SIMULATED_TOLERATION)],  # the node is simulated
             "containers": [
                 {
                     "name": "main",
