@@ -271,7 +271,7 @@ def test_simulated_node_takes_only_tolerating_pods_and_their_namespace_goes(
         try:
             core.read_namespace(namespace)
         except ApiException as exc:
-            return exc.status == 404
+            return bool(exc.status == 404)
         return False
 
     wait_for(f"namespace {namespace} to be deleted", gone, timeout=WAIT_S)
