@@ -72,13 +72,26 @@ def claim(
     name: str | None = None,
     namespace: str = "default",
     configs: Sequence[Mapping[str, Any]] = (),
+    requests: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A claim; ``results=None`` means not allocated."""
+    """A claim; ``results=None`` means not allocated. Its spec has the requests its results
+    name (``req/sub``: request ``req`` with subrequest ``sub``), and ``requests`` besides."""
+    spec_requests: dict[str, list[dict[str, str]]] = {}
+    for request in [*(str(r["request"]) for r in results or ()), *requests]:
+        main, _, sub = request.partition("/")
+        spec_requests.setdefault(main, []).extend([{"name": sub}] if sub else [])
     body: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name or f"claim-{uid}", "namespace": namespace, "uid": uid},
-        "spec": {"devices": {"requests": []}},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": n, "firstAvailable": subs} if subs else {"name": n}
+                    for n, subs in spec_requests.items()
+                ]
+            }
+        },
         "status": {},
     }
     if results is not None:
