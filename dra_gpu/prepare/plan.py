@@ -9,13 +9,15 @@ Checks: the claim's UID is the one the kubelet asked for (a deleted and re-creat
 same name but a new UID); it is allocated; it has results for this driver, all from this node's
 pool; every allocated device exists here.
 
-Configuration: ``status.allocation.devices.config`` holds the DeviceClass configs
-(``source: FromClass``) and the claim's own (``FromClaim``). Configs of other drivers are
-skipped. Every config of this driver is parsed strictly, whether or not it applies to a device
-here, exactly as the admission webhook does (same parser), so the two never disagree. A claim's
-config that names a request the claim does not have is an error. For each device, class configs
-first, then the claim's, each in listed order, :func:`dra_gpu.config.scope.winner` picks the
-config (the webhook uses the same function): the last that applies and fits the device type;
+Configuration: the DeviceClass configs from ``status.allocation.devices.config`` (``source:
+FromClass``), then the claim's own from ``spec.devices.config`` (``FromClaim``; the allocation's
+copies of them come without their ``requests`` from the Kubernetes 1.37.2 scheduler), numbered
+as listed there. Configs of other drivers are skipped. Every config of this driver is parsed
+strictly, whether or not it applies to a device here, exactly as the admission webhook does
+(same parser), so the two never disagree. A claim's config that names a request the claim does
+not have is an error. For each device, class configs first, then the claim's, each in listed
+order, :func:`dra_gpu.config.scope.winner` picks the config (the webhook uses the same
+function): the last that applies and fits the device type;
 a claim-wide one of the other type is passed over, one of the other type that names the
 device's request is an error. No config: the type's default. The winner is normalized.
 """
@@ -38,6 +40,7 @@ from dra_gpu.devices.model import Device
 from dra_gpu.errors import UserError
 from dra_gpu.kube.objects import (
     AllocationResult,
+    DeviceClaimConfiguration,
     DeviceRequestAllocationResult,
     ResourceClaim,
 )
@@ -107,14 +110,34 @@ def _our_results(
     return ours
 
 
-def _our_configs(ref: ClaimRef, allocation: AllocationResult, *, driver: str) -> list[_Config]:
-    raw = (allocation.get("devices") or {}).get("config") or ()
+def _config_entries(
+    claim: ResourceClaim, allocation: AllocationResult
+) -> list[tuple[int, str, DeviceClaimConfiguration]]:
+    """(index, source, entry) of every config: the class configs from the allocation, the
+    claim's own from its spec, where it has one. The scheduler copies the claim's configs into
+    the allocation, but the 1.37.2 scheduler writes them without their ``requests``: read there, a
+    MigDeviceConfig the user named a full GPU's request for looked claim-wide and was passed
+    over for the default. A claim's spec cannot change, so it is the same config, as written."""
+    allocated = (allocation.get("devices") or {}).get("config") or ()
+    devices = (claim.get("spec") or {}).get("devices")
+    entries: list[tuple[int, str, DeviceClaimConfiguration]] = []
+    for index, entry in enumerate(allocated):
+        source = str(entry.get("source", ""))
+        if devices is None or source != "FromClaim":
+            entries.append((index, source, entry))
+    if devices is not None:
+        entries += [(i, "FromClaim", e) for i, e in enumerate(devices.get("config") or ())]
+    return entries
+
+
+def _our_configs(
+    ref: ClaimRef, claim: ResourceClaim, allocation: AllocationResult, *, driver: str
+) -> list[_Config]:
     configs = []
-    for index, entry in enumerate(raw):
+    for index, source, entry in _config_entries(claim, allocation):
         opaque = entry.get("opaque")
         if not opaque or opaque.get("driver") != driver:
             continue
-        source = str(entry.get("source", ""))
         where = f"config[{index}] ({source or 'unknown source'})"
         try:
             parsed = parse_opaque_config(opaque.get("parameters"))
@@ -193,7 +216,7 @@ def plan_claim(
     """What to prepare for ``claim`` on this node; raises PlanError naming the problem."""
     allocation = _check_identity(ref, claim)
     results = _our_results(ref, allocation, driver=driver, pool=pool)
-    configs = _our_configs(ref, allocation, driver=driver)
+    configs = _our_configs(ref, claim, allocation, driver=driver)
     _check_named_requests(ref, claim, configs)
     by_device: dict[str, PlannedDevice] = {}
     for result in results:

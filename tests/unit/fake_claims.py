@@ -75,7 +75,9 @@ def claim(
     requests: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A claim; ``results=None`` means not allocated. Its spec has the requests its results
-    name (``req/sub``: request ``req`` with subrequest ``sub``), and ``requests`` besides."""
+    name (``req/sub``: request ``req`` with subrequest ``sub``), and ``requests`` besides; the
+    ``FromClaim`` configs as written, which the allocation repeats as the Kubernetes 1.37.2
+    scheduler does: without their ``requests``."""
     spec_requests: dict[str, list[dict[str, str]]] = {}
     for request in [*(str(r["request"]) for r in results or ()), *requests]:
         main, _, sub = request.partition("/")
@@ -89,15 +91,22 @@ def claim(
                 "requests": [
                     {"name": n, "firstAvailable": subs} if subs else {"name": n}
                     for n, subs in spec_requests.items()
-                ]
+                ],
+                "config": [
+                    {k: v for k, v in c.items() if k != "source"}
+                    for c in configs
+                    if c.get("source") == "FromClaim"
+                ],
             }
         },
         "status": {},
     }
+    allocated = [
+        {k: v for k, v in c.items() if k != "requests" or c.get("source") != "FromClaim"}
+        for c in configs
+    ]
     if results is not None:
-        body["status"]["allocation"] = {
-            "devices": {"results": list(results), "config": list(configs)}
-        }
+        body["status"]["allocation"] = {"devices": {"results": list(results), "config": allocated}}
     return body
 
 

@@ -318,6 +318,21 @@ def test_which_config_a_device_gets(
         assert _interval(body) == expected
 
 
+def test_the_claims_configs_are_read_from_its_spec_with_their_requests() -> None:
+    # The 1.37.2 scheduler copies a claim's configs into the allocation without ``requests``
+    # (as fake_claims does): read there, a MigDeviceConfig naming the GPU's request looked
+    # claim-wide and the GPU ran with the default.
+    body = claim("uid-1", [result("gpu-0")], configs=[config(TS_MIG, requests=["gpu"])])
+    assert "requests" not in body["status"]["allocation"]["devices"]["config"][0]
+    with pytest.raises(PlanError, match="a MigDeviceConfig cannot configure gpu-0"):
+        plan(body)
+    # A claim written by hand, with no spec: the allocation's configs are all there is.
+    del body["spec"]
+    assert _interval(body) == "Default"
+    body["status"]["allocation"]["devices"]["config"] = [config(ts("Long"), requests=["gpu"])]
+    assert _interval(body) == "Long"
+
+
 def test_subrequest_uses_base_request_name_and_configs() -> None:
     body = claim(
         "uid-1",
@@ -327,7 +342,11 @@ def test_subrequest_uses_base_request_name_and_configs() -> None:
     planned = plan(body).devices[0]
     assert planned.requests == ("gpu",)
     assert _interval(body) == "Medium"
-    body["status"]["allocation"]["devices"]["config"] = [config(ts("Long"), requests=["gpu"])]
+    body = claim(
+        "uid-1",
+        [result("gpu-0", request="gpu/big")],
+        configs=[config(ts("Long"), requests=["gpu"])],
+    )
     assert _interval(body) == "Long"
 
 
@@ -345,7 +364,11 @@ def test_claim_wide_config_of_the_other_kind_is_passed_over() -> None:
     assert mig.cdi.config == default_mig_device_config()
     # The same with the MigDeviceConfig alone, and both: each device gets its own kind.
     mig_mps = mig_config(sharing={"strategy": "MPS"})
-    body["status"]["allocation"]["devices"]["config"] = [config(mps), config(mig_mps)]
+    body = claim(
+        "uid-1",
+        [result("gpu-0", request="g"), result(MIG, request="m")],
+        configs=[config(mps), config(mig_mps)],
+    )
     gpu, mig = plan(body).devices
     assert gpu.cdi.config == normalized(parse_opaque_config(mps))
     assert mig.cdi.config == normalized(parse_opaque_config(mig_mps))
@@ -366,10 +389,11 @@ def test_only_the_winning_config_must_fit() -> None:
     )
     (mig,) = plan(body).devices
     assert mig.cdi.config == normalized(parse_opaque_config(mig_mps))
-    body["status"]["allocation"]["devices"]["config"] = [
-        config(mig_mps, requests=["m"]),
-        config(gpu_config(), requests=["m"]),
-    ]
+    body = claim(
+        "uid-1",
+        [result(MIG, request="m")],
+        configs=[config(mig_mps, requests=["m"]), config(gpu_config(), requests=["m"])],
+    )
     with pytest.raises(PlanError, match=r"config\[1\] \(FromClaim\): a GpuConfig cannot configure"):
         plan(body)
 
