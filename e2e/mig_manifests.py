@@ -12,9 +12,10 @@ from e2e.cluster import SIMULATED_TOLERATION
 from e2e.images.node_images import TEST_IMAGE
 
 REQUEST = "mig"
+# As the scenarios' pods: the report, then wait, ending at once on SIGTERM (a deleted pod goes).
 REPORT_THEN_SLEEP = (
-    'echo "== env"; env | sort; echo "== devices"; find /dev -name "nvidia*" | sort; '
-    'echo "== end"; sleep 100000'
+    'trap "exit 0" TERM; echo "== env"; env | sort; echo "== devices"; '
+    'find /dev -name "nvidia*" | sort; echo "== end"; sleep 100000 & wait'
 )
 
 
