@@ -72,6 +72,20 @@ def attribute_is(name: str, expected: object) -> Check:
     return check
 
 
+def one_known_value_of(name: str) -> Check:
+    """All devices of each container share one value of ``name`` (from the slices), and have it."""
+
+    def check(ctx: Context, run: Run) -> list[str]:
+        problems = []
+        for c in run.containers:
+            values = {d: _attribute(device_facts(ctx, c.pools[d], d), name) for d in set(c.devices)}
+            if None in values.values() or len(set(values.values())) > 1:
+                problems.append(f"{c.pod}/{c.container}: {name} of its devices: {values}")
+        return problems
+
+    return check
+
+
 def memory_at_least(minimum: int) -> Check:
     def check(ctx: Context, run: Run) -> list[str]:
         def judge(_: str, facts: Mapping[str, Any]) -> str | None:
@@ -148,6 +162,11 @@ GI = 2**30
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("one-gpu", "one GPU", checks=(device_count(1),)),
     Scenario("two-gpus", "two GPUs in one claim", checks=(device_count(2),)),
+    Scenario(
+        "two-gpus-one-numa-node",
+        "two GPUs on the same NUMA node (matchAttribute on resource.kubernetes.io/numaNode)",
+        checks=(device_count(2), one_known_value_of("resource.kubernetes.io/numaNode")),
+    ),
     Scenario(
         "extended-resource",
         "a device-plugin style nvidia.com/gpu: 1 limit, served through DRA",
