@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import pytest
 
+from dra_gpu import DRIVER_NAME
 from e2e import mig_manifests, procs, waiting
 from e2e.cluster import Cluster
 from e2e.cluster.device_classes import builtin_device_classes
@@ -198,3 +199,44 @@ def test_two_gpus_on_one_numa_node(node: Node) -> None:
     reason = wait_for("pair-c unschedulable", functools.partial(unschedulable, node, "pair-c"))
     assert "cannot allocate all claims" in reason, reason
     print(f"three: {devices_of(three)}; pairs: {got} {got_b}; NUMA {numa}; pair-c: {reason}")
+
+
+def our_entries(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        e for e in (claim.get("status") or {}).get("devices") or [] if e["driver"] == DRIVER_NAME
+    ]
+
+
+def test_prepared_claim_shows_its_device_status(node: Node) -> None:
+    claim_and_pod(node, "status", 1)
+    claim = wait_for("status allocated", functools.partial(allocated_claim, node, "status"))
+    (device,) = devices_of(claim)
+    assert our_entries(claim) == []
+    assert node.call("prepare", claim) == ""
+
+    def written() -> list[dict[str, Any]] | None:
+        return our_entries(node.kubectl_json("get", "resourceclaim", "status")) or None
+
+    (entry,) = wait_for("status.devices written after prepare", written)
+    attributes = node.slice_devices()[device]["attributes"]
+    assert (entry["pool"], entry["device"]) == (node.name, device)
+    assert entry["data"] == {
+        "type": "gpu",
+        "uuid": attributes["uuid"]["string"],
+        "productName": "NVIDIA H200",
+        "driverVersion": attributes["driverVersion"]["version"],
+        "pciBusID": attributes["resource.kubernetes.io/pciBusID"]["string"],
+    }
+    assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
+    print(f"status.devices of claim 'status': {json.dumps(entry)}")
+
+    # Unprepare leaves the entry; deallocating the claim (its pod gone) removes it.
+    assert node.call("unprepare", claim) == ""
+    assert our_entries(node.kubectl_json("get", "resourceclaim", "status")) == [entry]
+    node.cluster.kubectl("delete", "-n", node.name, "pod", "status", "--grace-period=0", "--force")
+
+    def deallocated() -> dict[str, Any] | None:
+        got = node.kubectl_json("get", "resourceclaim", "status")
+        return None if (got.get("status") or {}).get("allocation") else got
+
+    assert our_entries(wait_for("the claim deallocated", deallocated)) == []
