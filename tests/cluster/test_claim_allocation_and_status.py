@@ -230,8 +230,29 @@ def test_prepared_claim_shows_its_device_status(node: Node) -> None:
     assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
     print(f"status.devices of claim 'status': {json.dumps(entry)}")
 
-    # Unprepare leaves the entry; deallocating the claim (its pod gone) removes it.
+    # The claim's CDI spec mounts its request's device metadata file, which names the GPU.
+    (spec_path,) = node.dirs.cdi_root.glob(f"*{claim['metadata']['uid']}*.json")
+    (cdi_device,) = json.loads(spec_path.read_text())["devices"]
+    (mount,) = [
+        m
+        for m in cdi_device["containerEdits"]["mounts"]
+        if "dra-device-attributes" in m["containerPath"]
+    ]
+    assert mount["containerPath"] == (
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/status/gpus/"
+        "gpu.nvidia.com-metadata.json"
+    )
+    assert "ro" in mount["options"]
+    metadata = json.loads(Path(mount["hostPath"]).read_text())
+    ((listed,),) = [r["devices"] for r in metadata["requests"]]
+    assert listed["name"] == device
+    for name in ("uuid", "productName", "resource.kubernetes.io/pciBusID"):
+        assert listed["attributes"][name] == attributes[name], name
+
+    # Unprepare leaves the entry (and removes the metadata file); deallocating the claim (its
+    # pod gone) removes the entry.
     assert node.call("unprepare", claim) == ""
+    assert not Path(mount["hostPath"]).exists()
     assert our_entries(node.kubectl_json("get", "resourceclaim", "status")) == [entry]
     node.cluster.kubectl("delete", "-n", node.name, "pod", "status", "--grace-period=0", "--force")
 
