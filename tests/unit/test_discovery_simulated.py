@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dra_gpu.devices import migprofiles, model, naming, profiles, simulated
+from dra_gpu.devices import migprofiles, model, naming, partitions, profiles, simulated
 from dra_gpu.devices.model import Device, MigDeviceInfo, Version
 from dra_gpu.devices.simulated import ProfileError, SimGpu, SimMig, SimProfile
 
@@ -99,6 +100,22 @@ def test_full_gpu_facts(profile: str, product: str, memory: int, cc: Version) ->
 
 
 NUMA = "resource.kubernetes.io/numaNode"
+
+
+@pytest.mark.parametrize("profile", sorted(simulated.BUILTIN_PROFILES))
+def test_every_device_carries_what_dcgm_exporter_reads(profile: str) -> None:
+    """dcgm-exporter labels metrics from the slices' type and uuid (MIG: parentUUID, profile);
+    only a dynamic MIG partition lacks uuid (its claim's status.devices carries it)."""
+    backend: Any = simulated.SimulatedBackend(
+        profile=simulated.BUILTIN_PROFILES[profile], node_name="n"
+    )
+    for dynamic in (False, True):
+        source = partitions.DynamicMigBackend(backend) if dynamic else backend
+        for d in naming.build_devices(source.discover().gpus):
+            wanted = {"type"} | ({"parentUUID", "profile"} if d.type == "mig" else set())
+            if d.partition is None:
+                wanted.add("uuid")
+            assert wanted <= set(d.attributes), (profile, d.name)
 
 
 @pytest.mark.parametrize("profile", ["h200x8", "h100x8"])
