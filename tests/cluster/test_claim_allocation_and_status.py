@@ -24,7 +24,7 @@ import pytest
 
 from dra_gpu import DRIVER_NAME
 from e2e import mig_manifests, procs, waiting
-from e2e.cluster import Cluster
+from e2e.cluster import SIMULATED_TOLERATION, Cluster
 from e2e.cluster.device_classes import builtin_device_classes
 from e2e.driver import PluginDirs, plugin_argv
 from e2e.suite.kube import load_manifests
@@ -138,11 +138,14 @@ def devices_of(claim: dict[str, Any]) -> list[str]:
 
 
 def scenario_pod(node: Node, scenario: str, pod_name: str, *, with_template: bool) -> None:
-    """The scenario's manifests in the node's namespace, the pod renamed and pinned to the node."""
+    """The scenario's manifests in the node's namespace, the pod renamed and pinned to the
+    node."""
     for doc in load_manifests(SCENARIOS_DIR / scenario):
         if doc["kind"] == "Pod":
             doc = with_node_selector(doc, {"kubernetes.io/hostname": node.name})
             doc["metadata"]["name"] = pod_name
+            # The node has no kubelet: only pods meant for such a node tolerate its taint.
+            doc["spec"]["tolerations"] = [dict(SIMULATED_TOLERATION)]
             node.create(doc)
         elif with_template:
             node.create(doc)
