@@ -68,12 +68,14 @@ class Options:
 
 DRA_GRACE_S = 10.0
 # The DRA socket: the kubelet's prepare and unprepare calls (one per pod being started or
-# stopped, all of a pod's claims in one call, so 32 covers a burst of pod starts on a full
-# node), one device health stream for as long as it is connected, and the /healthz probe. The
-# calls share the plugin's CPU and the node's prepare state, so more at once finish no sooner;
-# beyond them a call is refused at once (RESOURCE_EXHAUSTED) and the kubelet retries the pod.
-# Half of them per connection, so no single client takes them all.
-DRA_LIMITS = grpcio_server.Limits(concurrent_rpcs=32, streams_per_connection=16)
+# stopped, all of a pod's claims in one call), one device health stream for as long as it is
+# connected, and the /healthz probe. A node that starts its pods at once (64 small shares or
+# MIG devices) sends that many calls at once on its one connection, possibly before it has read
+# the server's stream limit: a lower per-connection limit refused such a burst (REFUSED_STREAM,
+# seen with 64 prepares at once), so one connection may open 64. Beyond 128 in all a call is
+# refused at once (RESOURCE_EXHAUSTED) and the kubelet retries the pod; threads are started only
+# as calls need them.
+DRA_LIMITS = grpcio_server.Limits(concurrent_rpcs=128, streams_per_connection=64)
 # The registration socket: the kubelet's GetInfo and NotifyRegistrationStatus, one at a time,
 # and the /healthz probe.
 REGISTRATION_LIMITS = grpcio_server.Limits(concurrent_rpcs=4, streams_per_connection=4)

@@ -382,6 +382,24 @@ def test_healthz_calls_both_sockets_and_names_the_one_that_does_not_answer(
     )
 
 
+def test_a_burst_of_pod_starts_on_a_new_connection_is_served(
+    start_plugin: Any, short_root: Path
+) -> None:
+    # 64 prepares at once on a connection that has not read the server's stream limit yet, as
+    # a node starting 64 pods does: a per-connection limit of 16 refused some (REFUSED_STREAM).
+    start_plugin()
+    with channel(paths(short_root).dra) as ch:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+        calls = [
+            stub.NodePrepareResources.future(
+                dra_v1_pb2.NodePrepareResourcesRequest(), timeout=TIMEOUT_S
+            )
+            for _ in range(64)
+        ]
+        answers = [call.result() for call in calls]
+    assert len(answers) == 64
+
+
 def test_dra_socket_refuses_an_oversized_request(start_plugin: Any, short_root: Path) -> None:
     start_plugin()
     claims = [
