@@ -69,8 +69,12 @@ def test_layouts_not_there_are_refused(text: str, message: str) -> None:
 
 
 def test_request_counts_become_per_node_per_minute() -> None:
-    before = {("GET", "nodes"): 10.0, ("LIST", "resourceslices"): 5.0}
-    after = {("GET", "nodes"): 40.0, ("LIST", "resourceslices"): 5.0, ("WATCH", "pods"): 3.0}
+    before: dict[tuple[str, ...], float] = {("GET", "nodes"): 10.0, ("LIST", "resourceslices"): 5.0}
+    after: dict[tuple[str, ...], float] = {
+        ("GET", "nodes"): 40.0,
+        ("LIST", "resourceslices"): 5.0,
+        ("WATCH", "pods"): 3.0,
+    }
     window = sl.deltas(before, after)
     assert window == {("GET", "nodes"): 30.0, ("WATCH", "pods"): 3.0}
     per = sl.per_node_minute(window, nodes=10, seconds=30.0)
