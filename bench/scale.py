@@ -21,8 +21,10 @@ Per layout (``bench/scale_layouts.py``), in the order given:
    ResourceSlices; then ``--workers`` processes of publishers (``bench/scale_publishers.py``,
    which says which code is the product's) are started together: time until every node's
    slices are published; the same memory figures again (their difference: what our slices cost).
-2. Steady state: ``--steady-s`` seconds without a workload (default 60: one resync period, so
-   every node's periodic resync falls into it once): the API server's ``apiserver_request_total``
+2. Steady state, on the first layout (on every one with ``--steady-every``: the publishers make
+   the same calls whatever the layout, only their size differs): ``--steady-s`` seconds without
+   a workload (default 60: one resync period, so every node's periodic resync falls into it
+   once): the API server's ``apiserver_request_total``
    deltas by verb and resource, per node per minute (all clients: kwok, control plane, ours), the
    publishers' own calls (counted by the workers), and the open watches
    (``apiserver_longrunning_requests``).
@@ -559,6 +561,7 @@ class Figures:
     publish_s: float = 0.0
     republish_s: float = 0.0
     rewrites: int = 0
+    cold_calls: dict[str, float] = field(default_factory=dict)  # per node
     before: Memory | None = None
     after: Memory | None = None
     steady_all: dict[tuple[str, ...], float] = field(default_factory=dict)
@@ -578,11 +581,32 @@ def watch_count(samples: Mapping[str, Sequence[sl.Sample]], resource: str | None
     )
 
 
+def steady_state(
+    fig: Figures, cluster: Cluster, workers: Workers, *, seconds: float, nodes: int
+) -> None:
+    log(f"{fig.layout.name}: steady state for {seconds:.0f} s")
+    m0, c0, t0 = apiserver_metrics(cluster), workers.counts(), time.monotonic()
+    time.sleep(seconds)
+    m1, c1, t1 = apiserver_metrics(cluster), workers.counts(), time.monotonic()
+    keys = ("verb", "resource")
+    window = sl.deltas(
+        sl.counter_by(m0, "apiserver_request_total", keys),
+        sl.counter_by(m1, "apiserver_request_total", keys),
+    )
+    fig.steady_all = sl.per_node_minute(window, nodes=nodes, seconds=t1 - t0)
+    ours: dict[tuple[str, ...], float] = {(k,): v - c0.get(k, 0) for k, v in c1.items()}
+    per = sl.per_node_minute(ours, nodes=nodes, seconds=t1 - t0)
+    fig.steady_ours = {k[0]: v for k, v in per.items()}
+    fig.watches = watch_count(m1, None)
+    fig.watches_slices = watch_count(m1, "resourceslices")
+
+
 def run_layout(
     cluster: Cluster,
     client: KubeClient,
     layout: sl.Layout,
     *,
+    steady: bool,
     nodes: Sequence[str],
     args: argparse.Namespace,
     pids: Mapping[str, int],
@@ -601,24 +625,11 @@ def run_layout(
         start, synced = workers.go()
         fig.publish_s = max(synced) - start
         log(f"{layout.name}: all slices published in {fig.publish_s:.1f} s")
+        fig.cold_calls = {k: v / len(nodes) for k, v in workers.counts().items()}
         time.sleep(2.0)
         fig.after = memory(cluster, pids)
-        log(f"{layout.name}: steady state for {args.steady_s:.0f} s")
-        m0, c0, t0 = apiserver_metrics(cluster), workers.counts(), time.monotonic()
-        time.sleep(args.steady_s)
-        m1, c1, t1 = apiserver_metrics(cluster), workers.counts(), time.monotonic()
-        keys = ("verb", "resource")
-        window = sl.deltas(
-            sl.counter_by(m0, "apiserver_request_total", keys),
-            sl.counter_by(m1, "apiserver_request_total", keys),
-        )
-        fig.steady_all = sl.per_node_minute(window, nodes=len(nodes), seconds=t1 - t0)
-        ours: dict[tuple[str, ...], float] = {(k,): v - c0.get(k, 0) for k, v in c1.items()}
-        fig.steady_ours = {
-            k[0]: v for k, v in sl.per_node_minute(ours, nodes=len(nodes), seconds=t1 - t0).items()
-        }
-        fig.watches = watch_count(m1, None)
-        fig.watches_slices = watch_count(m1, "resourceslices")
+        if steady:
+            steady_state(fig, cluster, workers, seconds=args.steady_s, nodes=len(nodes))
     finally:
         workers.stop()
     log(f"{layout.name}: restarting the publishers over their slices")
@@ -646,12 +657,20 @@ def _f(value: float, digits: int = 1) -> str:
     return "-" if value != value else f"{value:,.{digits}f}"
 
 
+def _cold(f: Figures) -> str:
+    return ", ".join(f"{call} {n:.1f}" for call, n in sorted(f.cold_calls.items()))
+
+
+def _sum(values: Mapping[Any, float]) -> str:
+    return _f(sum(values.values()), 2) if values else "-"
+
+
 def _ours(call: str) -> Callable[[Figures], str]:
-    return lambda f: _f(f.steady_ours.get(call, 0.0), 2)
+    return lambda f: _f(f.steady_ours.get(call, 0.0), 2) if f.steady_ours else "-"
 
 
 def _all(key: tuple[str, ...]) -> Callable[[Figures], str]:
-    return lambda f: _f(f.steady_all.get(key, 0.0), 2)
+    return lambda f: _f(f.steady_all.get(key, 0.0), 2) if f.steady_all else "-"
 
 
 def table(figs: Sequence[Figures], nodes: int) -> list[str]:
@@ -661,6 +680,7 @@ def table(figs: Sequence[Figures], nodes: int) -> list[str]:
         ("publish all, cold start (s)", lambda f: _f(f.publish_s)),
         ("publish all, restart (s)", lambda f: _f(f.republish_s)),
         ("slices rewritten on restart", lambda f: str(f.rewrites)),
+        ("cold start: our calls per node", _cold),
     ]
 
     def mem(attr: str) -> Callable[[Figures], str]:
@@ -690,8 +710,8 @@ def table(figs: Sequence[Figures], nodes: int) -> list[str]:
         ("pod created -> allocated p99 (ms)", wl("alloc_p99_ms", 0)),
         ("pod created -> bound p99 (ms)", wl("bound_p99_ms", 0)),
         ("dra-gpu explain, whole cluster (s)", lambda f: _f(f.explain_s)),
-        ("steady: all requests /node/min", lambda f: _f(sum(f.steady_all.values()), 2)),
-        ("steady: our publishers' /node/min", lambda f: _f(sum(f.steady_ours.values()), 2)),
+        ("steady: all requests /node/min", lambda f: _sum(f.steady_all)),
+        ("steady: our publishers' /node/min", lambda f: _sum(f.steady_ours)),
     ]
     calls = sorted({k for f in figs for k in f.steady_ours})
     rows += [(f"  ours: {c}", _ours(c)) for c in calls]
@@ -704,7 +724,7 @@ def table(figs: Sequence[Figures], nodes: int) -> list[str]:
     rows += [
         (
             "open watches: all / resourceslices",
-            lambda f: f"{f.watches:.0f} / {f.watches_slices:.0f}",
+            lambda f: f"{f.watches:.0f} / {f.watches_slices:.0f}" if f.steady_all else "-",
         ),
         ("load average at the end (1 min)", lambda f: _f(f.load[0], 2)),
     ]
@@ -757,6 +777,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, help="pods per layout (default: 2 per node)")
     parser.add_argument("--rate", type=float, default=50.0, help="pod creations per second")
     parser.add_argument("--steady-s", type=float, default=60.0)
+    parser.add_argument(
+        "--steady-every",
+        action="store_true",
+        help="measure the steady state on every layout (default: the first only)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="publisher processes")
     parser.add_argument("--webhook-rates", default="50,200")
     parser.add_argument("--keep-workdir", action="store_true")
@@ -789,10 +814,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespaces = [wh.NS, *(ns_of(layout) for layout in layouts)]
         hooks = webhook_figures(client, port, ca, rates, namespaces)
         register_webhook(client, port, ca, namespaces)  # the workload's claims pass it too
-        for layout in layouts:
+        for i, layout in enumerate(layouts):
+            steady = args.steady_every or i == 0
             figs.append(
                 run_layout(
-                    cluster, client, layout, nodes=nodes, args=args, pids=pids, workdir=workdir
+                    cluster,
+                    client,
+                    layout,
+                    steady=steady,
+                    nodes=nodes,
+                    args=args,
+                    pids=pids,
+                    workdir=workdir,
                 )
             )
         client.close()

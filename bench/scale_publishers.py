@@ -73,13 +73,13 @@ class CountingStore:
         self._count("LIST resourceslices")
         return self._inner.list_slices()
 
-    def create_slice(self, body: JSON) -> None:
+    def create_slice(self, body: JSON) -> str:
         self._count("POST resourceslices")
-        self._inner.create_slice(body)
+        return self._inner.create_slice(body)
 
-    def update_slice(self, body: JSON) -> None:
+    def update_slice(self, body: JSON) -> str:
         self._count("PUT resourceslices")
-        self._inner.update_slice(body)
+        return self._inner.update_slice(body)
 
     def delete_slice(self, name: str, *, uid: str) -> None:
         self._count("DELETE resourceslices")
