@@ -30,7 +30,7 @@ Per layout (``bench/scale_layouts.py``), in the order given:
    (``apiserver_longrunning_requests``).
 3. The publishers restarted over their published slices: time until synced, and how many
    slices they wrote (none is right: nothing changed).
-4. Workload: K pods (default 2 per node), each with a claim from one ResourceClaimTemplate for
+4. Workload: K pods (default one per node), each with a claim from one ResourceClaimTemplate for
    one device of the layout, created at ``--rate`` per second; watches on the pods and claims
    record when each is bound and allocated. pods/s = K / (first creation .. last bound); p50/p99
    of pod created -> claim allocated.
@@ -316,6 +316,49 @@ def webhook_figures(
     return out
 
 
+# ----- the machine ----------------------------------------------------------------------------
+
+
+def mem_available_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+class MemoryGuard:
+    """Stops the running publishers when the machine's available memory falls below a floor:
+    the API server and etcd grow with the slices, and the machine is shared."""
+
+    def __init__(self, floor_gib: float) -> None:
+        self.floor_gib = floor_gib
+        self.tripped: str | None = None
+        self._workers: Workers | None = None
+        self._lock = threading.Lock()  # guards _workers: set by the run, read by the guard
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="memory guard")
+        self._thread.start()
+
+    def watch(self, workers: Workers | None) -> None:
+        with self._lock:
+            self._workers = workers
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            free = mem_available_gib()
+            if free >= self.floor_gib:
+                continue
+            with self._lock:
+                workers = self._workers
+            if workers is not None and self.tripped is None:
+                self.tripped = f"MemAvailable {free:.1f} GiB < {self.floor_gib:g} GiB"
+                log(f"memory guard: {self.tripped}; stopping the publishers")
+                workers.kill()
+
+    def close(self) -> None:
+        self._stop.set()
+
+
 # ----- publishers -----------------------------------------------------------------------------
 
 
@@ -378,6 +421,11 @@ class Workers:
             for call, n in self._read(proc, "counts").items():
                 total[call] = total.get(call, 0) + int(n)
         return total
+
+    def kill(self) -> None:
+        """End the workers at once (their reads then fail); ``stop`` still reaps them."""
+        for proc in self._procs:
+            proc.kill()
 
     def stop(self) -> None:
         for proc in self._procs:
@@ -456,6 +504,7 @@ class Workload:
     pods_per_s: float
     alloc_p50_ms: float
     alloc_p99_ms: float
+    claim_p50_ms: float  # pod created -> its claim created (the controller-manager's part)
     bound_p50_ms: float
     bound_p99_ms: float
     create_errors: int
@@ -475,12 +524,14 @@ def run_workload(client: KubeClient, layout: sl.Layout, pods: int, rate: float) 
         key=lambda o: str(o["metadata"]["name"]),
         done=lambda o: bool((o.get("spec") or {}).get("nodeName")),
     )
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
     allocated = Tracker(
         client,
-        f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+        claims,
         key=pod_of_claim,
         done=lambda o: bool((o.get("status") or {}).get("allocation")),
     )
+    claimed = Tracker(client, claims, key=pod_of_claim, done=lambda o: True)
     created: dict[str, float] = {}
 
     def create(i: int) -> None:
@@ -494,12 +545,13 @@ def run_workload(client: KubeClient, layout: sl.Layout, pods: int, rate: float) 
     while len(bound.when) < wanted and time.monotonic() < deadline:
         time.sleep(0.5)
     time.sleep(1.0)  # allocations seen after the last binding
-    bound.stop.set()
-    allocated.stop.set()
+    for tracker in (bound, allocated, claimed):
+        tracker.stop.set()
     done = [bound.when[p] for p in created if p in bound.when]
     seconds = (max(done) - min(created.values())) if done else float("nan")
     to_alloc = [(allocated.when[p] - created[p]) * 1e3 for p in created if p in allocated.when]
     to_bind = [(bound.when[p] - created[p]) * 1e3 for p in created if p in bound.when]
+    to_claim = [(claimed.when[p] - created[p]) * 1e3 for p in created if p in claimed.when]
     return Workload(
         pods=pods,
         bound=len(done),
@@ -507,6 +559,7 @@ def run_workload(client: KubeClient, layout: sl.Layout, pods: int, rate: float) 
         pods_per_s=sl.rate(len(done), seconds),
         alloc_p50_ms=sl.percentile(to_alloc, 0.5),
         alloc_p99_ms=sl.percentile(to_alloc, 0.99),
+        claim_p50_ms=sl.percentile(to_claim, 0.5),
         bound_p50_ms=sl.percentile(to_bind, 0.5),
         bound_p99_ms=sl.percentile(to_bind, 0.99),
         create_errors=create_errors,
@@ -571,6 +624,7 @@ class Figures:
     workload: Workload | None = None
     explain_s: float = 0.0
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    stopped: str | None = None
 
 
 def watch_count(samples: Mapping[str, Sequence[sl.Sample]], resource: str | None) -> float:
@@ -611,8 +665,45 @@ def run_layout(
     args: argparse.Namespace,
     pids: Mapping[str, int],
     workdir: Path,
+    guard: MemoryGuard,
 ) -> Figures:
+    """The layout's figures; a run the guard stopped (or a worker that died) keeps those it
+    has, and the reason."""
     fig = Figures(layout)
+    try:
+        _measure(
+            fig,
+            cluster,
+            client,
+            steady=steady,
+            nodes=nodes,
+            args=args,
+            pids=pids,
+            workdir=workdir,
+            guard=guard,
+        )
+    except (RuntimeError, waiting.WaitTimeout) as err:
+        fig.stopped = guard.tripped or str(err)
+        log(f"{layout.name}: stopped: {fig.stopped}")
+    finally:
+        guard.watch(None)
+    clean_up(cluster, client, layout)
+    return fig
+
+
+def _measure(
+    fig: Figures,
+    cluster: Cluster,
+    client: KubeClient,
+    *,
+    steady: bool,
+    nodes: Sequence[str],
+    args: argparse.Namespace,
+    pids: Mapping[str, int],
+    workdir: Path,
+    guard: MemoryGuard,
+) -> None:
+    layout = fig.layout
     sample = layout.render(nodes[0], "00000000-0000-0000-0000-000000000000")
     fig.slices_per_node = len(sample)
     fig.devices_per_node = sum(len(s["spec"].get("devices") or []) for s in sample)
@@ -621,6 +712,7 @@ def run_layout(
     fig.before = memory(cluster, pids)
     log(f"{layout.name}: starting {args.workers} publisher workers for {len(nodes)} nodes")
     workers = Workers(cluster.kubeconfig, layout, nodes, args.workers, workdir)
+    guard.watch(workers)
     try:
         start, synced = workers.go()
         fig.publish_s = max(synced) - start
@@ -634,6 +726,7 @@ def run_layout(
         workers.stop()
     log(f"{layout.name}: restarting the publishers over their slices")
     workers = Workers(cluster.kubeconfig, layout, nodes, args.workers, workdir)
+    guard.watch(workers)
     try:
         start, synced = workers.go()
         fig.republish_s = max(synced) - start
@@ -646,8 +739,6 @@ def run_layout(
         fig.load = os.getloadavg()
     finally:
         workers.stop()
-    clean_up(cluster, client, layout)
-    return fig
 
 
 # ----- output ---------------------------------------------------------------------------------
@@ -685,7 +776,8 @@ def table(figs: Sequence[Figures], nodes: int) -> list[str]:
 
     def mem(attr: str) -> Callable[[Figures], str]:
         def cell(f: Figures) -> str:
-            assert f.before is not None and f.after is not None
+            if f.before is None or f.after is None:
+                return "-"
             return _f(getattr(f.after, attr) - getattr(f.before, attr))
 
         return cell
@@ -706,6 +798,7 @@ def table(figs: Sequence[Figures], nodes: int) -> list[str]:
             lambda f: f"{f.workload.bound} / {f.workload.pods}" if f.workload else "-",
         ),
         ("pods/s (creation -> bound)", wl("pods_per_s")),
+        ("pod created -> its claim created p50 (ms)", wl("claim_p50_ms", 0)),
         ("pod created -> allocated p50 (ms)", wl("alloc_p50_ms", 0)),
         ("pod created -> allocated p99 (ms)", wl("alloc_p99_ms", 0)),
         ("pod created -> bound p99 (ms)", wl("bound_p99_ms", 0)),
@@ -727,6 +820,7 @@ def table(figs: Sequence[Figures], nodes: int) -> list[str]:
             lambda f: f"{f.watches:.0f} / {f.watches_slices:.0f}" if f.steady_all else "-",
         ),
         ("load average at the end (1 min)", lambda f: _f(f.load[0], 2)),
+        ("stopped", lambda f: f.stopped or "no"),
     ]
     head = f"| {nodes} nodes | " + " | ".join(f"`{f.layout.name}`" for f in figs) + " |"
     lines = [head, "|" + "---|" * (len(figs) + 1)]
@@ -774,7 +868,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--layouts", default="static,minimal,mig,dynamic-mig")
-    parser.add_argument("--pods", type=int, help="pods per layout (default: 2 per node)")
+    parser.add_argument("--pods", type=int, help="pods per layout (default: one per node)")
     parser.add_argument("--rate", type=float, default=50.0, help="pod creations per second")
     parser.add_argument("--steady-s", type=float, default=60.0)
     parser.add_argument(
@@ -784,10 +878,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=2, help="publisher processes")
     parser.add_argument("--webhook-rates", default="50,200")
+    parser.add_argument(
+        "--min-free-gib",
+        type=float,
+        default=3.0,
+        help="stop a layout's publishers when the machine's available memory falls below this",
+    )
     parser.add_argument("--keep-workdir", action="store_true")
     args = parser.parse_args(argv)
     layouts = sl.parse_layouts(args.layouts)
-    args.pods = args.pods or 2 * args.nodes
+    args.pods = args.pods or args.nodes
     for layout in layouts:
         if args.pods > layout.per_node * args.nodes:
             parser.error(f"{args.pods} pods do not fit {layout.name}'s devices")
@@ -814,6 +914,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespaces = [wh.NS, *(ns_of(layout) for layout in layouts)]
         hooks = webhook_figures(client, port, ca, rates, namespaces)
         register_webhook(client, port, ca, namespaces)  # the workload's claims pass it too
+        guard = MemoryGuard(args.min_free_gib)
         for i, layout in enumerate(layouts):
             steady = args.steady_every or i == 0
             figs.append(
@@ -826,8 +927,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args=args,
                     pids=pids,
                     workdir=workdir,
+                    guard=guard,
                 )
             )
+            log("so far:\n" + "\n".join(table(figs, args.nodes)))  # kept if a later layout fails
+        guard.close()
         client.close()
     total = time.monotonic() - began
     print(
@@ -841,8 +945,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     for f in figs:
         w = f.workload
-        assert w is not None
-        print(f"{f.layout.name}: {w.bound} pods in {w.seconds:.1f} s, {w.pods_per_s:.1f} pods/s")
+        if w is None:
+            print(f"{f.layout.name}: 0 pods in 0 s, stopped: {f.stopped}")
+        else:
+            print(
+                f"{f.layout.name}: {w.bound} pods in {w.seconds:.1f} s, {w.pods_per_s:.1f} pods/s"
+            )
     if not args.keep_workdir:
         import shutil
 
