@@ -217,7 +217,7 @@ def create_nodes(client: KubeClient, names: Sequence[str]) -> None:
     waiting.wait_for(
         f"{len(names)} kwok nodes Ready",
         lambda: ready_nodes(client) >= len(names),
-        timeout=300,
+        timeout=max(300.0, 1.0 * len(names)),  # kwok readies a few nodes a second here
         every=2.0,
     )
 
