@@ -567,19 +567,20 @@ def run_workload(client: KubeClient, layout: sl.Layout, pods: int, rate: float) 
 
 
 def clean_up(cluster: Cluster, client: KubeClient, layout: sl.Layout) -> None:
+    # Collection deletes through the API (not kubectl, whose 120 s limit a loaded API server
+    # with a thousand pods exceeded, ending the whole run).
     ns = ns_of(layout)
-    cluster.kubectl(
-        "delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", "--wait=false"
-    )
-    cluster.kubectl("delete", "resourceclaims", "--all", "-n", ns, "--wait=false")
+    force = {"gracePeriodSeconds": "0"}
+    client.request("DELETE", f"/api/v1/namespaces/{ns}/pods", query=force, timeout_s=600)
     claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+    client.request("DELETE", claims, timeout_s=600)
     waiting.wait_for(
         "the workload's claims to be gone",
         lambda: not client.request("GET", claims, query={"limit": "1"}).get("items"),
         timeout=300,
         every=2.0,
     )
-    cluster.kubectl("delete", "resourceslices", "--all", "--wait=false")
+    client.request("DELETE", SLICES, timeout_s=600)
     waiting.wait_for(
         "the slices to be gone",
         lambda: not client.request("GET", SLICES, query={"limit": "1"}).get("items"),
@@ -687,6 +688,7 @@ def run_layout(
         log(f"{layout.name}: stopped: {fig.stopped}")
     finally:
         guard.watch(None)
+    log("before clean-up:\n" + "\n".join(table([fig], len(nodes))))  # kept if clean-up fails
     clean_up(cluster, client, layout)
     return fig
 
