@@ -5,6 +5,12 @@ Design:
   write, and writes it. The watch loop only wakes the reconcile loop: any event on our slices
   (someone deleted one; the kubelet wiped them at its start), and every (re)connection of the
   watch, which after an API server outage is the moment to look again.
+- The echo of our own writes wakes nobody: each create and update records the resourceVersion
+  the API server gave the slice, and the watch event carrying that version is dropped. Without
+  this, every write cost one more list of the node's slices (a pool of five slices: six lists
+  where one is enough, each one the whole pool). An echo that arrives before its write returned
+  still wakes the loop, which then finds nothing to do; the record is cleared at the start of
+  every pass, so it holds at most one pass's writes.
 - The reconcile loop also runs after ``set_inventory`` (new devices) and every ``resync_s``.
 - Failures never end a loop: temporary ones (no answer, 5xx) back off exponentially up to
   ``max_backoff_s``; a conflict or a missing object means "look again" after a short pause.
@@ -44,14 +50,19 @@ class SliceStore(Protocol):
 
     def list_slices(self) -> list[ResourceSlice]: ...
 
-    def create_slice(self, body: JSON) -> None: ...
+    def create_slice(self, body: JSON) -> str:
+        """Create; returns the resourceVersion of the stored slice."""
+        ...
 
-    def update_slice(self, body: JSON) -> None: ...
+    def update_slice(self, body: JSON) -> str:
+        """Replace; returns the resourceVersion of the stored slice."""
+        ...
 
     def delete_slice(self, name: str, *, uid: str) -> None: ...
 
     def watch_slices(self, stop: threading.Event) -> Iterator[str]:
-        """Yield one item per event until the stream ends; returns at once when ``stop`` is set."""
+        """Yield, per event, the resourceVersion of the slice it carries, until the stream
+        ends; returns at once when ``stop`` is set."""
         ...
 
 
@@ -81,7 +92,8 @@ class Publisher:
         self._resync_s = resync_s
         self._max_backoff_s = max_backoff_s
         self._wake = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _render and _own_writes
+        self._own_writes: set[str] = set()  # resourceVersions of our writes not yet echoed
         self._generation = 0
         self._synced = threading.Event()
         self._outage = False
@@ -122,6 +134,9 @@ class Publisher:
         """One pass: list, plan, write. Raises ``errors.ApiError`` on failure."""
         with self._lock:
             render = self._render
+            # Echoes of an earlier pass still to come wake this loop once more: harmless, and
+            # the record never holds more than one pass's writes.
+            self._own_writes.clear()
         desired = render(self._store.node_uid())
         existing = self._store.list_slices()
         plan = slice_plan.plan(
@@ -144,9 +159,9 @@ class Publisher:
                 log.info("pool %s: no newer instance publishes it; publishing", self._node)
             self._standby_for = plan.standby_for
         for body in plan.creates:
-            self._store.create_slice(body)
+            self._note_own(self._store.create_slice(body))
         for body in plan.updates:
-            self._store.update_slice(body)
+            self._note_own(self._store.update_slice(body))
         for gone in plan.deletes:
             with contextlib.suppress(errors.NotFound):  # already gone: what we wanted
                 self._store.delete_slice(gone.name, uid=gone.uid)
@@ -161,6 +176,19 @@ class Publisher:
                 len(plan.deletes),
             )
         return plan
+
+    def _note_own(self, resource_version: str) -> None:
+        if resource_version:  # an event without a version must never pass for an echo
+            with self._lock:
+                self._own_writes.add(resource_version)
+
+    def _is_echo(self, resource_version: str) -> bool:
+        """Whether a watch event carries a write of ours (each is recognized once)."""
+        with self._lock:
+            if resource_version in self._own_writes:
+                self._own_writes.discard(resource_version)
+                return True
+            return False
 
     def run(self, stop: threading.Event) -> None:
         """Reconcile loop; returns when ``stop`` is set."""
@@ -219,9 +247,10 @@ class Publisher:
         failures = 0
         while not stop.is_set():
             try:
-                for _ in self._store.watch_slices(stop):
+                for resource_version in self._store.watch_slices(stop):
                     failures = 0
-                    self._wake.set()
+                    if not self._is_echo(resource_version):
+                        self._wake.set()
             except errors.ApiError as err:
                 failures += 1
                 log.debug("watch of ResourceSlices ended: %s", err)

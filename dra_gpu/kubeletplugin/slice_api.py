@@ -37,12 +37,12 @@ class SliceApi:
         # The API boundary: the listed items are taken to be ResourceSlices, unchecked.
         return cast("list[ResourceSlice]", list(listed.get("items") or []))
 
-    def create_slice(self, body: JSON) -> None:
-        self._client.request("POST", SLICES_PATH, body=body)
+    def create_slice(self, body: JSON) -> str:
+        return _version(self._client.request("POST", SLICES_PATH, body=body))
 
-    def update_slice(self, body: JSON) -> None:
+    def update_slice(self, body: JSON) -> str:
         name = body["metadata"]["name"]
-        self._client.request("PUT", f"{SLICES_PATH}/{quote(name)}", body=body)
+        return _version(self._client.request("PUT", f"{SLICES_PATH}/{quote(name)}", body=body))
 
     def delete_slice(self, name: str, *, uid: str) -> None:
         # The UID precondition keeps us from deleting a slice that a peer just recreated.
@@ -51,4 +51,8 @@ class SliceApi:
 
     def watch_slices(self, stop: threading.Event) -> Iterator[str]:
         for event in self._client.watch(SLICES_PATH, query=self._selector, stop=stop):
-            yield str(event.get("type"))
+            yield _version(event.get("object") or {})
+
+
+def _version(obj: JSON) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")

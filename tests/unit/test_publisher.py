@@ -2,8 +2,9 @@
 
 Cases: first publish (owner reference, one pool, generation 1); a second pass writes nothing;
 a deleted slice comes back through the watch; a new inventory raises the generation and drops
-surplus slices; an API outage is survived and the pool repaired afterwards; a missing Node
-delays publishing without ending it; backoff grows and is capped.
+surplus slices; the watch events of its own writes do not make it list again (a foreign event
+does); an API outage is survived and the pool repaired afterwards; a missing Node delays
+publishing without ending it; backoff grows and is capped.
 """
 
 from __future__ import annotations
@@ -119,6 +120,24 @@ def test_deleted_slice_comes_back(running: Any) -> None:
     store.delete_by_someone_else(name)
     wait_for("the slice back", lambda: len(store.slices) == 1)
     assert pool(store) == [(2, ["gpu-0", "gpu-1"])]
+
+
+def test_own_writes_echoed_by_the_watch_cost_no_list(running: Any) -> None:
+    # Each of the five slices of a dynamic-MIG node used to cost one more list of the whole
+    # pool when its own watch event came back.
+    store = FakeSliceStore(hold_echoes=True)
+    pub = running(store, render_devices(*[f"gpu-{i}" for i in range(5)], per_slice=1))
+    wait_for("five slices", lambda: pub.synced and store.writes == 5 and store.watching)
+    lists = store.lists
+    assert store.release_echoes() == 5
+    wait_for("the echoes taken", lambda: store.consumed == 5)
+    # Not a latency bound: the publisher coalesces wake-ups for 50 ms, so a list caused by the
+    # echoes would come well within this; correct code never lists here, however slow the run.
+    with pytest.raises(waiting.WaitTimeout):
+        waiting.wait_for("a list", lambda: store.lists > lists, timeout=0.5, every=0.01)
+    store.delete_by_someone_else(next(iter(store.slices)))
+    wait_for("the slice back", lambda: len(store.slices) == 5)
+    assert store.lists == lists + 1
 
 
 def test_new_inventory_raises_generation_and_drops_surplus(running: Any) -> None:

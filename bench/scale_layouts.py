@@ -1,0 +1,225 @@
+"""The scale benchmark's pure parts: slice layouts, the workload's claim, and figures from samples.
+
+A layout is what every simulated node publishes and what each pod's claim asks for:
+
+- ``static``: 8 full GPUs (simulated ``h200x8``), a claim for one GPU by product name;
+- ``minimal``: the same 8 devices with only the ``type`` attribute and no capacity (the control
+  that isolates what our attributes cost), a claim whose one selector tests ``type``, so it
+  evaluates as many CEL expressions as ``static``'s;
+- ``mig``: ``a100x4-mig`` (one full GPU, 9 MIG devices), a claim for a ``3g.20gb`` MIG device;
+- ``dynamic-mig``: ``h100x8-mig`` as ``--mig-mode dynamic`` publishes it (``DynamicMigBackend``:
+  every profile at every placement, consuming shared counters), a claim for ``1g.10gb``;
+- ``consumable``: a hook, not a layout yet: the driver publishes no consumable-capacity (shared)
+  devices; once it does, its devices and claim go here and ``--layouts consumable`` runs it.
+
+Devices come from the driver's own discovery path (``SimulatedBackend`` -> ``naming``), and
+slices from the driver's own builder (``published.node_slices`` / ``slices``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_gpu import DRIVER_NAME
+from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
+from dra_gpu.devices import naming, partitions, simulated
+from dra_gpu.kubeletplugin import slices
+from dra_gpu.plugin import published
+
+JSON = dict[str, Any]
+# node name, node UID -> the node's slice bodies (what the plugin's renderer returns)
+Render = Callable[[str, str], list[JSON]]
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    render: Render
+    device_class: str
+    selector: str  # CEL on the device: the workload claim's one selector
+    per_node: int  # devices per node that the claim's request can get
+    summary: str
+
+
+@dataclass(frozen=True)
+class _TypeOnly:
+    """A device reduced to its name and ``type`` (the ``minimal`` control)."""
+
+    name: str
+    attributes: Mapping[str, slices.AttributeValue]
+    capacity: Mapping[str, int] = field(default_factory=dict)
+    partition: slices.CounterUse | None = None
+
+
+def _devices(profile: str, node: str, *, dynamic: bool) -> list[Any]:
+    backend: Any = simulated.SimulatedBackend(
+        profile=simulated.BUILTIN_PROFILES[profile], node_name=node
+    )
+    if dynamic:
+        backend = partitions.DynamicMigBackend(backend)
+    return list(naming.build_devices(backend.discover().gpus))
+
+
+def _product(profile: str, *, dynamic: bool) -> Render:
+    def render(node: str, uid: str) -> list[JSON]:
+        devices = _devices(profile, node, dynamic=dynamic)
+        return published.node_slices(devices, driver_name=DRIVER_NAME, node_name=node, node_uid=uid)
+
+    return render
+
+
+def _minimal(node: str, uid: str) -> list[JSON]:
+    devices = [
+        _TypeOnly(d.name, {"type": str(d.type)}) for d in _devices("h200x8", node, dynamic=False)
+    ]
+    return slices.build_resource_slices(
+        devices=devices,
+        driver_name=DRIVER_NAME,
+        node_name=node,
+        pool_generation=0,
+        node_owner=(node, uid),
+    )
+
+
+def _attr(name: str) -> str:
+    return f"device.attributes['{DRIVER_NAME}'].{name}"
+
+
+LAYOUTS: Mapping[str, Layout | None] = {
+    "static": Layout(
+        "static",
+        _product("h200x8", dynamic=False),
+        GPU_CLASS,
+        f"{_attr('productName')} == 'NVIDIA H200'",
+        8,
+        "8 H200 (h200x8)",
+    ),
+    "minimal": Layout(
+        "minimal", _minimal, GPU_CLASS, f"{_attr('type')} == 'gpu'", 8, "8 GPUs, `type` only"
+    ),
+    "mig": Layout(
+        "mig",
+        _product("a100x4-mig", dynamic=False),
+        MIG_CLASS,
+        f"{_attr('profile')} == '3g.20gb'",
+        3,
+        "a100x4-mig (1 GPU + 9 MIG)",
+    ),
+    "dynamic-mig": Layout(
+        "dynamic-mig",
+        _product("h100x8-mig", dynamic=True),
+        MIG_CLASS,
+        f"{_attr('profile')} == '1g.10gb'",
+        56,
+        "h100x8-mig, dynamic (200 placements, counters)",
+    ),
+    # The hook for shared devices: no consumable-capacity devices are published yet.
+    "consumable": None,
+}
+
+
+def parse_layouts(text: str) -> list[Layout]:
+    """``static,mig`` -> the layouts, in that order; an unknown or not-yet layout is an error."""
+    out: list[Layout] = []
+    for name in (part.strip() for part in text.split(",") if part.strip()):
+        if name not in LAYOUTS:
+            raise ValueError(f"unknown layout {name!r}; known: {', '.join(LAYOUTS)}")
+        layout = LAYOUTS[name]
+        if layout is None:
+            raise ValueError(f"layout {name!r} is not available yet (no shared devices published)")
+        out.append(layout)
+    if not out:
+        raise ValueError("no layout given")
+    return out
+
+
+def claim_template(layout: Layout, *, name: str, namespace: str) -> JSON:
+    """The ResourceClaimTemplate every pod of the workload names: one device of the layout."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "dev",
+                            "exactly": {
+                                "deviceClassName": layout.device_class,
+                                "selectors": [{"cel": {"expression": layout.selector}}],
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def pod(name: str, *, namespace: str, template: str) -> JSON:
+    """A pod for the simulated nodes: tolerates kwok's taint, never runs a container."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "containers": [{"name": "c", "image": "scale.invalid/none", "resources": {}}],
+            "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": template}],
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+            "nodeSelector": {"type": "kwok"},
+        },
+    }
+
+
+# ----- figures ---------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by nearest rank; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+Sample = tuple[Mapping[str, str], float]  # (labels, value) of one metric sample
+
+
+def counter_by(
+    families: Mapping[str, Sequence[Sample]], metric: str, keys: Sequence[str]
+) -> dict[tuple[str, ...], float]:
+    """Sum of ``metric``'s samples grouped by the values of the labels ``keys``."""
+    out: dict[tuple[str, ...], float] = {}
+    for labels, value in families.get(metric, ()):
+        key = tuple(labels.get(k, "") for k in keys)
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def deltas(
+    before: Mapping[tuple[str, ...], float], after: Mapping[tuple[str, ...], float]
+) -> dict[tuple[str, ...], float]:
+    """``after - before`` per key; keys that did not grow are left out."""
+    out = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def per_node_minute(
+    counts: Mapping[tuple[str, ...], float], *, nodes: int, seconds: float
+) -> dict[tuple[str, ...], float]:
+    """Counts over a window -> per node per minute."""
+    scale = 60.0 / (seconds * nodes)
+    return {k: v * scale for k, v in counts.items()}
+
+
+def rate(count: int, seconds: float) -> float:
+    return count / seconds if seconds > 0 else float("nan")

@@ -1,0 +1,157 @@
+"""Many nodes' slice publishers in one process: the worker that ``bench/scale.py`` starts.
+
+Usage (by ``bench/scale.py``, not by hand)::
+
+    python bench/scale_publishers.py --kubeconfig K --layout static --node kwok-0 --node kwok-1 ...
+
+Which code is the product's: each node gets what the kubelet plugin runs for its node
+(``plugin.main.serve`` -> ``node_plugin.NodePlugin``): a ``publisher.Publisher`` (its reconcile
+and watch threads, ``slice_plan``, the product's resync period) over ``slice_api.SliceApi``
+over the product's ``kube.client`` connection, rendering ``published.node_slices`` of the
+simulated profile's devices. The benchmark's own parts: this process hosting many of them
+(the product runs one per node; here too each node has its own connection pool),
+``CountingStore`` (counts each API call the publishers make), and
+the line protocol below.
+
+Protocol, one JSON object per line: the worker prints ``{"ready": n}`` once its publishers are
+built; on ``go`` it starts them all and prints ``{"synced": [unix time per node]}`` once every
+one has published (or ``{"error": ...}``); on ``counts`` it prints ``{"counts": {call: n}}``;
+end of input stops the publishers and ends the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import scale_layouts  # noqa: E402
+from dra_gpu import DRIVER_NAME  # noqa: E402
+from dra_gpu.kube.client import connect  # noqa: E402
+from dra_gpu.kube.objects import ResourceSlice  # noqa: E402
+from dra_gpu.kubeletplugin import publisher, slice_api, slice_plan  # noqa: E402
+
+JSON = dict[str, Any]
+SYNC_TIMEOUT_S = 600.0
+# A thousand threads per worker: their stacks need not be the default 8 MiB each.
+THREAD_STACK = 512 * 1024
+
+
+class CountingStore:
+    """``publisher.SliceStore`` that counts every call (``node GET`` …) before making it."""
+
+    def __init__(
+        self,
+        inner: slice_api.SliceApi,
+        counts: collections.Counter[str],
+        lock: threading.Lock,  # guards ``counts``, which all of a worker's stores share
+    ) -> None:
+        self._inner = inner
+        self._counts = counts
+        self._lock = lock
+
+    def _count(self, call: str) -> None:
+        with self._lock:
+            self._counts[call] += 1
+
+    def node_uid(self) -> str:
+        self._count("GET nodes")
+        return self._inner.node_uid()
+
+    def list_slices(self) -> list[ResourceSlice]:
+        self._count("LIST resourceslices")
+        return self._inner.list_slices()
+
+    def create_slice(self, body: JSON) -> str:
+        self._count("POST resourceslices")
+        return self._inner.create_slice(body)
+
+    def update_slice(self, body: JSON) -> str:
+        self._count("PUT resourceslices")
+        return self._inner.update_slice(body)
+
+    def delete_slice(self, name: str, *, uid: str) -> None:
+        self._count("DELETE resourceslices")
+        self._inner.delete_slice(name, uid=uid)
+
+    def watch_slices(self, stop: threading.Event) -> Iterator[str]:
+        self._count("WATCH resourceslices")
+        return self._inner.watch_slices(stop)
+
+
+def _say(obj: JSON) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--layout", required=True)
+    parser.add_argument("--node", action="append", default=[])
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    threading.stack_size(THREAD_STACK)
+    (layout,) = scale_layouts.parse_layouts(args.layout)
+    counts: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()  # one for all stores' counts
+    started = time.time_ns()
+    publishers: list[publisher.Publisher] = []
+    clients = []
+    for node in args.node:
+        # A connection pool per node, as each node's plugin has its own: one pool shared by
+        # hundreds of publishers keeps too few connections open and pays a TLS handshake on
+        # most requests (the API server's CPU, which the figures are about).
+        client = connect(args.kubeconfig)
+        clients.append(client)
+        api = slice_api.SliceApi(client, node=node, driver=DRIVER_NAME)
+        store = CountingStore(api, counts, lock)
+        publishers.append(
+            publisher.Publisher(
+                store=store,
+                node=node,
+                driver=DRIVER_NAME,
+                render=functools.partial(layout.render, node),
+                instance=slice_plan.Instance(started_ns=started, name=f"scale-{node}"),
+                alive=lambda _other: False,  # no other instance runs on a simulated node
+            )
+        )
+    _say({"ready": len(publishers)})
+    stop = threading.Event()
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "go":
+            for pub in publishers:
+                pub.start(stop)
+            synced: list[float] = [0.0] * len(publishers)
+            deadline = time.monotonic() + SYNC_TIMEOUT_S
+            while not all(synced) and time.monotonic() < deadline:
+                for i, pub in enumerate(publishers):
+                    if not synced[i] and pub.synced:
+                        synced[i] = time.time()
+                time.sleep(0.02)
+            if all(synced):
+                _say({"synced": synced})
+            else:
+                _say({"error": f"{synced.count(0.0)} nodes not published in {SYNC_TIMEOUT_S} s"})
+        elif command == "counts":
+            with lock:
+                _say({"counts": dict(counts)})
+    stop.set()
+    for client in clients:
+        client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

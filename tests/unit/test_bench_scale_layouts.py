@@ -1,0 +1,102 @@
+"""bench/scale_layouts.py: the scale benchmark's layouts and figure arithmetic.
+
+Cases:
+- each layout's workload claim selects an attribute its devices publish, with the value they
+  publish, and as many devices per node as the layout says (a selector that matched nothing
+  would leave every pod unscheduled and the run measuring nothing);
+- ``minimal`` publishes the same device names as ``static`` with only ``type``;
+- ``dynamic-mig`` consumes counters published in the same pool;
+- ``consumable`` and unknown layouts are refused by name;
+- request counters: deltas per key, scaled per node per minute.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from bench import scale_layouts as sl
+from dra_gpu import DRIVER_NAME
+
+NODE, UID = "kwok-00007", "6c6f7a8e-0000-4000-8000-000000000007"
+
+
+def devices(layout: sl.Layout) -> list[dict[str, Any]]:
+    return [d for s in layout.render(NODE, UID) for d in s["spec"].get("devices") or []]
+
+
+def matching(layout: sl.Layout) -> list[str]:
+    """Devices whose attribute equals what the claim's one selector compares it with."""
+    found = re.fullmatch(
+        rf"device\.attributes\['{re.escape(DRIVER_NAME)}'\]\.(\w+) == '([^']+)'", layout.selector
+    )
+    assert found, layout.selector
+    name, value = found.groups()
+    return [d["name"] for d in devices(layout) if d["attributes"].get(name) == {"string": value}]
+
+
+@pytest.mark.parametrize("name", ["static", "minimal", "mig", "dynamic-mig"])
+def test_the_claim_selects_the_devices_the_layout_counts_on(name: str) -> None:
+    (layout,) = sl.parse_layouts(name)
+    assert len(matching(layout)) == layout.per_node
+
+
+def test_minimal_is_static_with_only_the_type() -> None:
+    static, minimal = sl.parse_layouts("static,minimal")
+    assert [d["name"] for d in devices(minimal)] == [d["name"] for d in devices(static)]
+    assert all(d["attributes"] == {"type": {"string": "gpu"}} for d in devices(minimal))
+    assert all(len(d["attributes"]) > 1 for d in devices(static))
+
+
+def test_dynamic_mig_consumes_counters_of_its_own_pool() -> None:
+    (layout,) = sl.parse_layouts("dynamic-mig")
+    pool = layout.render(NODE, UID)
+    sets = {c["name"] for s in pool for c in s["spec"].get("sharedCounters") or []}
+    used = {c["counterSet"] for d in devices(layout) for c in d.get("consumesCounters") or []}
+    assert used and used <= sets
+    assert {s["spec"]["pool"]["name"] for s in pool} == {NODE}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("consumable", "not available yet"), ("static,nope", "unknown layout 'nope'"), (",", "no")],
+)
+def test_layouts_not_there_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        sl.parse_layouts(text)
+
+
+def test_request_counts_become_per_node_per_minute() -> None:
+    before: dict[tuple[str, ...], float] = {("GET", "nodes"): 10.0, ("LIST", "resourceslices"): 5.0}
+    after: dict[tuple[str, ...], float] = {
+        ("GET", "nodes"): 40.0,
+        ("LIST", "resourceslices"): 5.0,
+        ("WATCH", "pods"): 3.0,
+    }
+    window = sl.deltas(before, after)
+    assert window == {("GET", "nodes"): 30.0, ("WATCH", "pods"): 3.0}
+    per = sl.per_node_minute(window, nodes=10, seconds=30.0)
+    assert per == pytest.approx({("GET", "nodes"): 6.0, ("WATCH", "pods"): 0.6})
+
+
+def test_counter_by_sums_the_labels_left_out() -> None:
+    samples: dict[str, list[sl.Sample]] = {
+        "apiserver_request_total": [
+            ({"verb": "GET", "resource": "nodes", "code": "200"}, 4.0),
+            ({"verb": "GET", "resource": "nodes", "code": "404"}, 1.0),
+            ({"verb": "LIST", "resource": "pods", "code": "200"}, 2.0),
+        ]
+    }
+    assert sl.counter_by(samples, "apiserver_request_total", ("verb", "resource")) == {
+        ("GET", "nodes"): 5.0,
+        ("LIST", "pods"): 2.0,
+    }
+
+
+def test_percentile_by_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert sl.percentile(values, 0.5) == 50.0
+    assert sl.percentile(values, 0.99) == 99.0
+    assert sl.percentile([3.0], 0.99) == 3.0
