@@ -111,7 +111,14 @@ def kwok_argv(
     ]
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.kwok",
+        description="Build kwok into the binaries cache when missing, and print its path.",
+    )
+    parser.parse_args(argv)
     print(ensure_kwok())
     return 0
 
