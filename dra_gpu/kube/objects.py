@@ -111,6 +111,7 @@ class DeviceRequestAllocationResult(TypedDict, total=False):
     device: Required[str]
     adminAccess: bool
     shareID: str
+    consumedCapacity: dict[str, str]  # capacity name -> quantity (shared devices only)
     tolerations: list[DeviceToleration]
 
 

@@ -128,6 +128,8 @@ class DeviceRecord(_Record):
     device: str
     cdi_device_ids: tuple[str, ...] = ()
     share_id: str | None = None
+    # A shared device: what this share consumed of each capacity (prepare.shares).
+    consumed: dict[str, int] | None = None
     admin_access: bool = False
     # Facts to rebuild the CDI spec; None in a record salvaged without them.
     type: Literal["gpu", "mig"] | None = None
