@@ -69,6 +69,7 @@ class ExactDeviceRequest(TypedDict, total=False):
     count: int
     adminAccess: bool
     tolerations: list[DeviceToleration]
+    capacity: dict[str, Any]  # {"requests": {name: quantity}} (consumable capacity)
 
 
 class DeviceSubRequest(ExactDeviceRequest, total=False):
