@@ -12,7 +12,10 @@ Cases:
   40Gi; a fourth stays Pending with the scheduler's reason (20Gi are left), and is allocated
   once one of the three is gone;
 - each prepared share gets an MPS daemon of its own whose pinned-memory limit is its consumed
-  memory (recorded commands on the simulated node); unprepare stops exactly that one.
+  memory (recorded commands on the simulated node); unprepare stops exactly that one;
+- ``dra-gpu explain`` of the pending claim agrees with the scheduler and names what is left;
+- on a node in NVIDIA's integer mode (``--consumable-shares 2``) claims that ask for nothing,
+  as written for NVIDIA's driver, take one share each: two on the GPU, the third Pending.
 """
 
 from __future__ import annotations
@@ -25,13 +28,16 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
 
 import dra_gpu
+from dra_gpu.controller import classes as device_classes
 from dra_gpu.devices import naming, partitions, shares, simulated
+from dra_gpu.explain import analysis
+from dra_gpu.kube.objects import DeviceClassSpec, ResourceClaim
 from dra_gpu.kubeletplugin import slices
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_gpu.prepare.sharing.applied import recording_path
@@ -102,8 +108,8 @@ def test_shared_slices_pass_validation(cluster: Cluster, mode: str, profile: str
 class Node:
     """A registered Node with a plugin in share mode and no kubelet."""
 
-    def __init__(self, cluster: Cluster, name: str, root: Path) -> None:
-        self.cluster, self.name, self.root = cluster, name, root
+    def __init__(self, cluster: Cluster, name: str, root: Path, flags: tuple[str, ...]) -> None:
+        self.cluster, self.name, self.root, self.flags = cluster, name, root, flags
         self.dirs = PluginDirs.under(root)
         self.profile = root / "h200.json"
         self.profile.write_text(json.dumps(PROFILE))
@@ -123,7 +129,7 @@ class Node:
             kubeconfig=self.cluster.kubeconfig,
             profile=str(self.profile),
             dirs=self.dirs,
-            extra=("--consumable-shares", "memory", "--mps-support", "true"),
+            extra=self.flags,
         )
         self.proc = procs.spawn(argv, log_path=self.log, env={"PATH": "/usr/bin:/bin"})
         wait_for(
@@ -157,12 +163,15 @@ class Node:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def template(memory: str) -> dict[str, Any]:
-    exactly = {"deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": memory}}}
+def template(memory: str | None) -> dict[str, Any]:
+    """A claim for one GPU, asking ``memory`` of it (None: nothing, as NVIDIA's examples)."""
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+    if memory is not None:
+        exactly["capacity"] = {"requests": {"memory": memory}}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": {"name": f"share-{memory.lower()}"},
+        "metadata": {"name": f"share-{(memory or 'any').lower()}"},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
     }
 
@@ -189,15 +198,31 @@ def pod(name: str, node: str, template_name: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def node(cluster: Cluster) -> Iterator[Node]:
+def started(cluster: Cluster, flags: tuple[str, ...], memory: str | None) -> Node:
     name = f"shares-{uuid.uuid4().hex[:6]}"
     cluster.register_node(name)
     cluster.create_namespace(name)
     root = Path(tempfile.mkdtemp(prefix="sh-"))  # short: unix socket paths <= 107 bytes
-    n = Node(cluster, name, root)
+    n = Node(cluster, name, root, flags)
     n.start()
-    cluster.kubectl("apply", "-n", name, "-f", "-", input=json.dumps(template("40Gi")))
+    cluster.kubectl("apply", "-n", name, "-f", "-", input=json.dumps(template(memory)))
+    return n
+
+
+@pytest.fixture(scope="module")
+def node(cluster: Cluster) -> Iterator[Node]:
+    n = started(cluster, ("--consumable-shares", "memory", "--mps-support", "true"), "40Gi")
+    yield from _serving(n)
+
+
+@pytest.fixture(scope="module")
+def two_shares_node(cluster: Cluster) -> Iterator[Node]:
+    n = started(cluster, ("--consumable-shares", "2"), None)
+    yield from _serving(n)
+
+
+def _serving(n: Node) -> Iterator[Node]:
+    cluster, name, root = n.cluster, n.name, n.root
     try:
         with builtin_device_classes(cluster):
             yield n
@@ -224,8 +249,8 @@ def allocated_claim(node: Node, pod_name: str) -> dict[str, Any] | None:
     return claim if claim.get("status", {}).get("allocation") else None
 
 
-def create_pod(node: Node, name: str) -> None:
-    body = pod(name, node.name, "share-40gi")
+def create_pod(node: Node, name: str, template_name: str = "share-40gi") -> None:
+    body = pod(name, node.name, template_name)
     node.cluster.kubectl("create", "-n", node.name, "-f", "-", input=json.dumps(body))
 
 
@@ -272,6 +297,10 @@ def test_three_40gi_shares_on_one_h200_and_a_fourth_pending(node: Node) -> None:
     )
     print(f"scheduler's reason for the fourth 40Gi claim: {reason}")
     assert "cannot allocate all claims" in reason, reason
+    # explain agrees with the scheduler, and says what is left: 143771Mi - 3 x 40Gi.
+    report = explain_pending(node, "d")
+    assert report.fits == [], report
+    assert any("the most any matching device has left is 20891Mi" in s for s in report.suggestions)
 
     for name, claim in claims.items():
         assert node.call("prepare", claim) == "", (name, node.log.read_text()[-3000:])
@@ -298,4 +327,45 @@ def test_three_40gi_shares_on_one_h200_and_a_fourth_pending(node: Node) -> None:
     assert result_of(fourth)["device"] == "gpu-0"
     assert node.call("prepare", fourth) == ""
     for claim in (claims["b"], claims["c"], fourth):
+        assert node.call("unprepare", claim) == ""
+
+
+def explain_pending(node: Node, pod_name: str) -> analysis.Report:
+    """``dra-gpu explain`` of the pod's claim, over what the API server holds now."""
+    body = get(node, "pod", pod_name)
+    claim_name = body["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+
+    def listed(kind: str, *namespaced: str) -> list[Any]:
+        out = json.loads(node.cluster.kubectl("get", kind, *namespaced, "-o", "json"))
+        return list(out["items"])
+
+    classes = {
+        c.name: cast(DeviceClassSpec, c.spec)
+        for c in device_classes.builtin_classes(extended_resource_name=None)
+    }
+    return analysis.explain_claim(
+        cast(ResourceClaim, get(node, "resourceclaim", claim_name)),
+        classes=classes,
+        slices=listed("resourceslices"),
+        claims=listed("resourceclaims", "-A"),
+    )
+
+
+def test_claims_written_for_nvidias_integer_mode_take_one_share_each(
+    two_shares_node: Node,
+) -> None:
+    node = two_shares_node
+    for name in ("x", "y", "z"):
+        create_pod(node, name, "share-any")
+    claims = {
+        n: wait_for(f"{n} allocated", functools.partial(allocated_claim, node, n))
+        for n in ("x", "y")
+    }
+    results = [result_of(c) for c in claims.values()]
+    assert [r["device"] for r in results] == ["gpu-0", "gpu-0"]
+    assert [r["consumedCapacity"] for r in results] == [{"memory": "0", "shares": "1"}] * 2
+    reason = wait_for("the third unschedulable", functools.partial(unschedulable, node, "z"))
+    assert "cannot allocate all claims" in reason, reason
+    for claim in claims.values():
+        assert node.call("prepare", claim) == ""
         assert node.call("unprepare", claim) == ""
