@@ -42,7 +42,7 @@ from dra_gpu.kubeletplugin import slices
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_gpu.prepare.sharing.applied import recording_path
 from e2e import procs, waiting
-from e2e.cluster import Cluster
+from e2e.cluster import SIMULATED_TOLERATION, Cluster
 from e2e.cluster.device_classes import builtin_device_classes
 from e2e.driver import PluginDirs, plugin_argv
 from e2e.images.node_images import TEST_IMAGE
@@ -185,6 +185,8 @@ def pod(name: str, node: str, template_name: str) -> dict[str, Any]:
             "nodeSelector": {"kubernetes.io/hostname": node},
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
+            # The harness taints nodes without a kubelet; these pods are placed, never run.
+            "tolerations": [dict(SIMULATED_TOLERATION)],
             "containers": [
                 {
                     "name": "ctr",
