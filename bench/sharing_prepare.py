@@ -1,11 +1,14 @@
 """Prepare latency with GPU sharing applied: MPS (daemon start included) and time-slicing.
 
-Usage: ``.venv/bin/python bench/sharing_prepare.py [--strategy mps|timeslicing|none]
+Usage: ``.venv/bin/python bench/sharing_prepare.py [--strategy mps|timeslicing|share|none]
 [--cycles N] [--backend simulated|nvml] [--runner record|process]``
 
 In-process, no API server: the plugin's prepare transaction (``DeviceState``: plan, sharing
 applied, CDI spec, checkpoint) for one claim on ``gpu-0`` whose ``GpuConfig`` asks for the
-strategy, then its unprepare (sharing undone), N times; p50 and p99 of each. The claim is
+strategy, then its unprepare (sharing undone), N times; p50 and p99 of each. ``share``: the
+claim is a consumable share of 40Gi of the GPU (``shareID`` and ``consumedCapacity`` in its
+result, no config), so prepare gives it an MPS daemon limited to 40Gi; compare with ``none``
+(the whole GPU). The claim is
 served from memory, so the figures are the node's own work plus the tools' time.
 
 ``--runner record`` (default) records the ``nvidia-smi`` / ``nvidia-cuda-mps-control`` commands as
@@ -50,7 +53,9 @@ class Claims:
     """The claim source: claim ``bench-<i>`` (UID ``uid-<i>``) allocated ``device``, as the API
     server would return it. A claim per cycle, as pods come and go (each MPS daemon its own)."""
 
-    def __init__(self, device: str, sharing: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, device: str, sharing: Mapping[str, Any] | None, consumed: Mapping[str, str] | None
+    ) -> None:
         config = []
         if sharing is not None:
             parameters = {
@@ -61,18 +66,15 @@ class Claims:
             config = [
                 {"source": "FromClaim", "opaque": {"driver": DRIVER_NAME, "parameters": parameters}}
             ]
+        result: dict[str, Any] = {"request": "gpu", "driver": DRIVER_NAME, "pool": NODE}
+        result["device"] = device
+        if consumed is not None:
+            result |= {"shareID": "share-1", "consumedCapacity": dict(consumed)}
         self.body = {
             "status": {
                 "allocation": {
                     "devices": {
-                        "results": [
-                            {
-                                "request": "gpu",
-                                "driver": DRIVER_NAME,
-                                "pool": NODE,
-                                "device": device,
-                            }
-                        ],
+                        "results": [result],
                         "config": config,
                     }
                 }
@@ -94,7 +96,7 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--strategy", choices=("mps", "timeslicing", "none"), default="mps")
+    p.add_argument("--strategy", choices=("mps", "timeslicing", "share", "none"), default="mps")
     p.add_argument("--cycles", type=int, default=50)
     p.add_argument("--backend", choices=("simulated", "nvml"), default="simulated")
     p.add_argument("--runner", choices=("record", "process"), default="record")
@@ -123,7 +125,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # CDI content as on a simulated node: the figure is sharing's cost
         node_facts=node_facts.simulated,
         inventory=lambda: by_name,
-        claims=Claims(gpu, SHARING.get(args.strategy)),
+        claims=Claims(
+            gpu,
+            SHARING.get(args.strategy),
+            {"memory": "40Gi"} if args.strategy == "share" else None,
+        ),
         boot_id=lambda: "bench",
         sharing=Sharing(
             runner=runner, state_dir=state_dir, switches=Switches(time_slicing=True, mps=True)

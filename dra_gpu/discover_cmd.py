@@ -26,6 +26,7 @@ from typing import Any
 
 import dra_gpu
 from dra_gpu.devices import naming
+from dra_gpu.devices import shares as device_shares
 from dra_gpu.devices.model import CAP_MEMORY, Device, Discovery, GpuBackend
 from dra_gpu.plugin import published
 
@@ -63,6 +64,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=10.0,
         metavar="SECONDS",
         help="give up on an NVML call after this long (default 10)",
+    )
+    p.add_argument(
+        "--consumable-shares",
+        default=None,
+        metavar="MODE",
+        help="print the slices as a node in this share mode publishes them: memory, unlimited "
+        "or an integer (default: $CONSUMABLE_SHARES, else disabled; compute with "
+        "$MPS_SUPPORT=true, as the plugin)",
     )
     p.set_defaults(func=run)
 
@@ -111,7 +120,13 @@ def render_table(devices: Sequence[Device]) -> str:
     return "\n".join(lines)
 
 
-def render(output: str, *, devices: Sequence[Device], node_name: str) -> str:
+def render(
+    output: str,
+    *,
+    devices: Sequence[Device],
+    node_name: str,
+    shares: device_shares.ShareMode | None = None,
+) -> str:
     if output == "table":
         return render_table(devices)
     objs = published.node_slices(
@@ -120,6 +135,7 @@ def render(output: str, *, devices: Sequence[Device], node_name: str) -> str:
         node_name=node_name,
         node_uid=None,
         pool_generation=published.FIRST_GENERATION,
+        shares=shares,
     )
     if output == "json":
         doc: dict[str, Any] = {"apiVersion": "v1", "kind": "List", "items": objs}
@@ -134,6 +150,14 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(stream=sys.stderr, format="dra-gpu discover: %(levelname)s: %(message)s")
     node_name = args.node_name or default_node_name()
+    try:
+        mode = device_shares.parse_mode(
+            args.consumable_shares or os.environ.get("CONSUMABLE_SHARES"),
+            compute=os.environ.get("MPS_SUPPORT", "").strip().lower() == "true",
+        )
+    except device_shares.ShareModeError as e:
+        print(f"dra-gpu discover: {e}", file=sys.stderr)
+        return 2
     try:
         backend = make_backend(
             simulate=args.simulate,
@@ -150,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"dra-gpu discover: {e}", file=sys.stderr)
         return 1
-    print(render(args.output, devices=devices, node_name=node_name))
+    print(render(args.output, devices=devices, node_name=node_name, shares=mode))
     if discovery.errors:
         print(
             f"dra-gpu discover: {len(discovery.errors)} problem(s): "

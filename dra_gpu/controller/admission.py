@@ -19,6 +19,10 @@ to send back. It never raises on bad input: a malformed review gets a refusal na
 - A DeviceClass has the same ``config`` and ``selectors`` entries directly in its ``spec``: an
   administrator's class with a bad GpuConfig would otherwise fail the prepare of every claim
   that uses it, long after the class was written.
+- Refusal: a request of one of this driver's DeviceClasses that asks (``capacity.requests``)
+  for more of a capacity than any published device of that class has can never be allocated;
+  the message names the request, the amount and the most a device has (``largest``: from
+  :mod:`published_capacity`; None, when unknown, checks nothing).
 - Configs of other drivers, deletes, other kinds, and updates that leave the device spec as it
   was (finalizer and label changes) are allowed untouched.
 """
@@ -31,8 +35,10 @@ from typing import Any, Final
 from dra_gpu import DRIVER_NAME
 from dra_gpu import config as gpu_config
 from dra_gpu.config import scope
-from dra_gpu.controller import selectors
+from dra_gpu.config.quantity import QuantityError, to_bytes
+from dra_gpu.controller import published_capacity, selectors
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
+from dra_gpu.kubeletplugin.slices import format_quantity
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
 # Where the DeviceClaim (spec.devices) sits in each kind we review.
@@ -136,6 +142,43 @@ def scope_problems(devices: Mapping[str, Any], prefix: str) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
+def _shown(name: str, amount: int) -> str:
+    if name.rpartition("/")[2] == "memory":
+        return format_quantity(amount)
+    return str(amount)
+
+
+def capacity_problems(
+    devices: Mapping[str, Any], prefix: str, largest: published_capacity.Largest | None
+) -> list[str]:
+    """One message per request asking more of a capacity than any published device has."""
+    if not largest:
+        return []
+    problems = []
+    for i, request in enumerate(_items(devices.get("requests"))):
+        exactly = _field(request, "exactly")
+        most = largest.get(str(_field(exactly, "deviceClassName")))
+        asked = _field(_field(exactly, "capacity"), "requests")
+        if most is None or not isinstance(asked, Mapping):
+            continue
+        for qualified, amount in asked.items():
+            domain, _, name = str(qualified).rpartition("/")
+            if domain not in ("", DRIVER_NAME) or name not in most:
+                continue
+            try:
+                wanted = to_bytes(str(amount))
+            except QuantityError:
+                continue  # the API server's own validation refuses it
+            if wanted > most[name]:
+                problems.append(
+                    f"{prefix}.requests[{i}].exactly.capacity.requests.{qualified}: asks "
+                    f"{_shown(name, wanted)}, the most any published device of class "
+                    f"{_field(exactly, 'deviceClassName')} has is {_shown(name, most[name])}: "
+                    "it can never be allocated"
+                )
+    return problems
+
+
 def _selector_lists(devices: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, list[Any]]]:
     # A DeviceClass's own selectors (a DeviceClaim has none at this level).
     yield f"{prefix}.selectors", _items(devices.get("selectors"))
@@ -189,8 +232,11 @@ def refusal(admission_review: object, message: str) -> JSON:
     return _response(uid if isinstance(uid, str) else "", problems=[message], warnings=[])
 
 
-def review(admission_review: Mapping[str, Any]) -> JSON:
-    """The AdmissionReview response for one AdmissionReview request."""
+def review(
+    admission_review: Mapping[str, Any], *, largest: published_capacity.Largest | None = None
+) -> JSON:
+    """The AdmissionReview response for one AdmissionReview request; ``largest``: the most of
+    each capacity a published device of each class has (None: not checked)."""
     request = _field(admission_review, "request")
     uid = _field(request, "uid")
     if not isinstance(uid, str) or not uid:
@@ -214,4 +260,5 @@ def review(admission_review: Mapping[str, Any]) -> JSON:
     problems = config_problems(devices, prefix)
     if not problems and kind != "DeviceClass":
         problems = scope_problems(devices, prefix)
+    problems += capacity_problems(devices, prefix, largest)
     return _response(uid, problems=problems, warnings=selector_warnings(devices, prefix))

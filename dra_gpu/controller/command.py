@@ -16,7 +16,7 @@ import socket
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -106,9 +106,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _start_webhook(
-    args: argparse.Namespace, measured: metrics.ControllerMetrics | None
+    args: argparse.Namespace, measured: metrics.ControllerMetrics | None, client: KubeClient
 ) -> tuple[serving.WebhookServer, certs.ReloadingContext]:
-    from dra_gpu.controller import admission, certs, registration, serving
+    from dra_gpu.controller import admission, certs, published_capacity, registration, serving
+
+    published = published_capacity.PublishedCapacity.of(client)
+
+    def reviewer(admission_review: Mapping[str, Any]) -> dict[str, Any]:
+        return admission.review(admission_review, largest=published.get())
 
     if (args.tls_cert_file is None) != (args.tls_key_file is None):
         raise SystemExit("--tls-cert-file and --tls-key-file go together")
@@ -123,7 +128,7 @@ def _start_webhook(
         host=args.webhook_address,
         port=args.webhook_port,
         context=context.context,
-        reviewer=measured.reviewer(admission.review) if measured else admission.review,
+        reviewer=measured.reviewer(reviewer) if measured else reviewer,
     )
     server.start()
     log.info(
@@ -190,11 +195,11 @@ def main(args: argparse.Namespace) -> int:
     measured = metrics.ControllerMetrics() if metrics_address else None
     stop, elector_stop, wake = threading.Event(), threading.Event(), threading.Event()
     _install_signal_handlers(stop)
-    webhook = _start_webhook(args, measured) if args.webhook_port is not None else None
     try:
         client = connect(args.kubeconfig, default_kubeconfig=True)
     except Exception as exc:
         raise SystemExit(f"cannot load Kubernetes credentials: {exc}") from exc
+    webhook = _start_webhook(args, measured, client) if args.webhook_port is not None else None
     owned = {classes.MANAGED_BY_LABEL: classes.MANAGED_BY_VALUE}  # the policy wants the label
     try:
         detected = capabilities.detect_or_none(

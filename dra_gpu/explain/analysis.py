@@ -7,8 +7,13 @@ claim nor tainted (without a toleration), and decides whether the whole claim fi
 as the scheduler would: every request gets its count of distinct devices, under the claim's
 ``matchAttribute`` / ``distinctAttribute`` constraints and ``firstAvailable`` alternatives.
 
-Not modelled (named in the report when they matter): shared counters (partitionable devices;
-this driver publishes none), pools with a ``nodeSelector`` (treated as reaching every node),
+Consumable capacity (``dra_gpu.explain.capacity``): a request's ``capacity.requests`` filter the
+devices; a device with ``allowMultipleAllocations`` stays free for the claim while what the
+claims allocated on it consumed leaves enough; the report then names the most any matching
+device has left.
+
+Not modelled (named in the report when they matter): shared counters (partitionable devices),
+pools with a ``nodeSelector`` (treated as reaching every node),
 ``adminAccess`` requests (counted as ordinary ones).
 """
 
@@ -19,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_gpu.explain import capacity
 from dra_gpu.explain.cel import DRIVER_REF, CelError, DeviceView, Selector, compiled, plain_value
 from dra_gpu.kube.objects import (
     DeviceClassSpec,
@@ -42,6 +48,7 @@ class Device:
     node: str  # ALL_NODES for a pool that every node reaches
     view: DeviceView
     taints: tuple[DeviceTaint, ...]
+    shared: bool = False  # allowMultipleAllocations: several claims at once, by capacity
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class Need:
     all_devices: bool
     count: int
     tolerations: tuple[DeviceToleration, ...]
+    capacity: Mapping[str, Any] = field(default_factory=dict)  # capacity.requests
 
 
 @dataclass
@@ -89,6 +97,9 @@ class NeedReport:
     nodes: list[NodeCount]
     failures: list[Failure]
     problem: str | None = None  # the class is missing, a selector does not compile
+    # Capacity name -> (asked, the most a matching device has left, that device, its node),
+    # for a capacity some matching device could not leave to the request.
+    short: dict[str, tuple[int, int, DeviceKey, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -132,7 +143,9 @@ def devices_of(slices: Iterable[ResourceSlice]) -> list[Device]:
         node = spec.get("nodeName") or ALL_NODES
         for d in spec.get("devices") or ():
             view = DeviceView(driver, d.get("attributes") or {}, d.get("capacity") or {})
-            out.append(Device((driver, pool, d["name"]), node, view, tuple(d.get("taints") or ())))
+            taints = tuple(d.get("taints") or ())
+            shared = bool(d.get("allowMultipleAllocations"))
+            out.append(Device((driver, pool, d["name"]), node, view, taints, shared))
     return out
 
 
@@ -167,6 +180,7 @@ def _need(name: str, spec: ExactDeviceRequest) -> Need:
         all_devices=mode == "All",
         count=int(spec.get("count") or 1),
         tolerations=tuple(spec.get("tolerations") or ()),
+        capacity=dict((spec.get("capacity") or {}).get("requests") or {}),
     )
 
 
@@ -205,12 +219,31 @@ def _record(failure: Failure, device: Device, selector: Selector | None) -> None
             seen.append(value)
 
 
+def _capacity_left(
+    need: Need, device: Device, used: Mapping[DeviceKey, Mapping[str, int]]
+) -> tuple[bool, dict[str, tuple[int, int]]]:
+    """Whether the device can take the request by capacity (even when empty), and the
+    capacities it has too little of now: name -> (asked or consumed, left)."""
+    driver = device.key[0]
+    totals = capacity.values(device.view.capacity, driver)
+    want = capacity.asked(need.capacity, driver)
+    if not device.shared:
+        name = capacity.shortfall(want, totals)
+        return name is None, {}
+    consumes = capacity.consumption(device.view.capacity, want, driver)
+    if consumes is None or capacity.shortfall(consumes, totals) is not None:
+        return False, {}
+    free = capacity.left(totals, used.get(device.key, {}))
+    return True, {n: (a, free.get(n, 0)) for n, a in consumes.items() if a > free.get(n, 0)}
+
+
 def _count_need(
     need: Need,
     class_selectors: Sequence[str],
     devices: Sequence[Device],
     pools_of_node: Mapping[str, list[str]],
     allocated: Mapping[DeviceKey, str],
+    used: Mapping[DeviceKey, Mapping[str, int]] | None = None,
 ) -> NeedReport:
     try:
         stages = [("class selector", e, compiled(e)) for e in class_selectors] + [
@@ -223,6 +256,7 @@ def _count_need(
         for n, pools in pools_of_node.items()
     }
     failures: dict[tuple[str, int], Failure] = {}
+    short: dict[str, tuple[int, int, DeviceKey, str]] = {}
     n_class = len(class_selectors)
     for device in devices:
         counts = by_node[device.node]
@@ -244,8 +278,19 @@ def _count_need(
                 counts.stages[i - n_class + 1] += 1
         if not passed:
             continue
+        can, lacking = _capacity_left(need, device, used or {})
+        if not can:
+            label = "capacity request"
+            failure = failures.setdefault((label, 0), Failure(label, None))
+            _record(failure, device, None)
+            continue
         counts.matching.append(device.key)
-        if device.key in allocated:
+        for name, (amount, free) in lacking.items():
+            if name not in short or free > short[name][1]:
+                short[name] = (amount, free, device.key, device.node)
+        if device.shared and not lacking and not _blocking_taint(device, need.tolerations):
+            counts.free.append(device.key)  # allocated to others, with enough left for this
+        elif device.key in allocated or lacking:
             counts.allocated += 1
             _record(failures.setdefault(("allocated", 0), Failure("allocated", None)), device, None)
         elif _blocking_taint(device, need.tolerations):
@@ -256,7 +301,7 @@ def _count_need(
     if n_class == 0:  # no class selectors: every device passes the class stage
         for counts in by_node.values():
             counts.stages[0] = counts.devices
-    return NeedReport(need, list(by_node.values()), list(failures.values()))
+    return NeedReport(need, list(by_node.values()), list(failures.values()), short=short)
 
 
 # --- fitting one node --------------------------------------------------------------------
@@ -359,7 +404,9 @@ def explain_claim(
         pools = pools_of_node.setdefault(d.node, [])
         if d.key[1] not in pools:
             pools.append(d.key[1])
+    claims = list(claims)
     allocated = allocations(claims, except_uid=meta.get("uid"))
+    used = capacity.consumed(claims, except_uid=meta.get("uid"))
     notes: list[str] = []
     if ALL_NODES in pools_of_node:
         notes.append("pools without a nodeName are counted as reaching every node")
@@ -376,7 +423,9 @@ def explain_claim(
         class_selectors = [
             s["cel"]["expression"] for s in device_class.get("selectors") or () if "cel" in s
         ]
-        reports[need.name] = _count_need(need, class_selectors, devices, pools_of_node, allocated)
+        reports[need.name] = _count_need(
+            need, class_selectors, devices, pools_of_node, allocated, used
+        )
 
     node_names = sorted(n for n in pools_of_node if n != ALL_NODES)
     fits = []
@@ -426,6 +475,13 @@ def _suggestions(report: Report, allocated: Mapping[DeviceKey, str]) -> Iterator
                     f"request {need.name}: {f.stage} fails with a CEL error on {f.devices} "
                     f"device(s): {f.error}; fix the expression {f.expression!r}"
                 )
+        if matching == 0 and any(f.stage == "capacity request" for f in r.failures):
+            asked = ", ".join(f"{k}: {v}" for k, v in sorted(need.capacity.items()))
+            yield (
+                f"request {need.name}: no device that passes its selectors has the capacity it "
+                f"asks for ({asked}) even when no other claim uses it"
+            )
+            continue
         if matching == 0:
             first = next((f for f in r.failures if f.expression and not f.error), None)
             if first is not None:
@@ -440,6 +496,15 @@ def _suggestions(report: Report, allocated: Mapping[DeviceKey, str]) -> Iterator
         if need.all_devices:
             if best.allocated or best.tainted:
                 yield f"request {need.name}: allocationMode All needs every matching device free"
+            continue
+        if best.available < need.count and r.short:
+            for name, (amount, free, key, node) in sorted(r.short.items()):
+                yield (
+                    f"request {need.name}: asks {_amount(name, amount)} {name}, the most any "
+                    f"matching device has left is {_amount(name, free)} ({key[2]} on {node}, "
+                    "shared with other claims); wait for a share to be released or ask for "
+                    f"at most {_amount(name, free)}"
+                )
             continue
         if best.available < need.count:
             if matching >= need.count:
@@ -456,3 +521,13 @@ def _suggestions(report: Report, allocated: Mapping[DeviceKey, str]) -> Iterator
                     f"(at most {best.available} matching free devices, on {best.node}); "
                     f"ask for {best.available} or fewer"
                 )
+
+
+def _amount(name: str, value: int) -> str:
+    """Memory as Kubernetes prints it (``40Gi``); other capacities as numbers."""
+    if name.rpartition("/")[2] != "memory":
+        return str(value)
+    for suffix, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if value and value % size == 0:
+            return f"{value // size}{suffix}"
+    return str(value)

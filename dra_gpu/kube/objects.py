@@ -69,6 +69,7 @@ class ExactDeviceRequest(TypedDict, total=False):
     count: int
     adminAccess: bool
     tolerations: list[DeviceToleration]
+    capacity: dict[str, Any]  # {"requests": {name: quantity}} (consumable capacity)
 
 
 class DeviceSubRequest(ExactDeviceRequest, total=False):
@@ -111,6 +112,7 @@ class DeviceRequestAllocationResult(TypedDict, total=False):
     device: Required[str]
     adminAccess: bool
     shareID: str
+    consumedCapacity: dict[str, str]  # capacity name -> quantity (shared devices only)
     tolerations: list[DeviceToleration]
 
 

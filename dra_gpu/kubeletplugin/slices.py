@@ -18,6 +18,9 @@ anyway, so a published slice compares equal to the one read back.
 Partitionable devices: devices that consume counters list them under ``consumesCounters``; the
 counter sets they name are published in slices of their own in the same pool (``pool_layout``:
 how Kubernetes 1.35+ wants it), and a slice holding such devices carries at most 64 of them.
+
+Consumable devices (KEP-5075, :class:`ConsumableDevice`) carry ``allowMultipleAllocations`` and
+a ``requestPolicy`` on the capacities their ``request_policies`` name.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -85,6 +88,31 @@ class SliceDevice(Protocol):
     def capacity(self) -> Mapping[str, int]: ...
 
 
+class RequestPolicy(Protocol):
+    """How a claim consumes one capacity of a device that allows multiple allocations
+    (KEP-5075): the default and the range (``step`` None: any amount in the range)."""
+
+    @property
+    def default(self) -> int: ...
+
+    @property
+    def min(self) -> int: ...
+
+    @property
+    def max(self) -> int: ...
+
+    @property
+    def step(self) -> int | None: ...
+
+
+@runtime_checkable
+class ConsumableDevice(SliceDevice, Protocol):
+    """A device several claims are allocated at once (``allowMultipleAllocations``)."""
+
+    @property
+    def request_policies(self) -> Mapping[str, RequestPolicy]: ...
+
+
 _BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 _NOT_DNS = re.compile(r"[^a-z0-9.-]+")
 _DASHES = re.compile(r"-{2,}")
@@ -118,6 +146,10 @@ def device_to_api(device: SliceDevice, taints: Sequence[Mapping[str, Any]] = ())
         "attributes": {k: encode_attribute(v) for k, v in device.attributes.items()},
         "capacity": {k: {"value": format_quantity(v)} for k, v in device.capacity.items()},
     }
+    if isinstance(device, ConsumableDevice):
+        out["allowMultipleAllocations"] = True
+        for name, policy in device.request_policies.items():
+            out["capacity"][name]["requestPolicy"] = _policy(policy)
     if device.partition is not None:
         out["consumesCounters"] = [
             {
@@ -128,6 +160,16 @@ def device_to_api(device: SliceDevice, taints: Sequence[Mapping[str, Any]] = ())
     if taints:
         out["taints"] = [dict(t) for t in taints]
     return out
+
+
+def _policy(policy: RequestPolicy) -> dict[str, Any]:
+    valid: dict[str, Any] = {
+        "min": format_quantity(policy.min),
+        "max": format_quantity(policy.max),
+    }
+    if policy.step is not None:
+        valid["step"] = format_quantity(policy.step)
+    return {"default": format_quantity(policy.default), "validRange": valid}
 
 
 def _counters(values: Mapping[str, int]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ def renderer(
             node_name=settings.node_name,
             node_uid=node_uid,
             taints=frozen_taints,
+            shares=settings.consumable_shares,
         )
 
     return render

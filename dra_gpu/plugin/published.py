@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dra_gpu.devices import shares as device_shares
 from dra_gpu.devices.model import Device
 from dra_gpu.kubeletplugin import slices
 
@@ -26,12 +27,18 @@ def node_slices(
     node_uid: str | None,
     taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     pool_generation: int = 0,
+    shares: device_shares.ShareMode | None = None,
 ) -> list[JSON]:
     """``node_uid``: the Node as the slices' owner (None: no owner, for printing).
     ``taints``: device name -> its taints (``device_taints.device_taints``). The publisher
-    sets ``pool_generation`` itself; ``discover`` prints :data:`FIRST_GENERATION`."""
+    sets ``pool_generation`` itself; ``discover`` prints :data:`FIRST_GENERATION`.
+    ``shares``: the node's share mode (``--consumable-shares``); None: each device is allocated
+    to one claim at a time."""
+    published: Sequence[slices.SliceDevice] = (
+        devices if shares is None else device_shares.shared(devices, shares)
+    )
     return slices.build_resource_slices(
-        devices=devices,
+        devices=published,
         driver_name=driver_name,
         node_name=node_name,
         pool_generation=pool_generation,

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.devices import shares
 from dra_gpu.errors import UserError
 from dra_gpu.kubeletplugin import sockets
 
@@ -58,6 +59,7 @@ ENV_VARS: Mapping[str, str] = {
     "mps_support": "MPS_SUPPORT",
     "mig_mode": "MIG_MODE",
     "grpc_server": "GRPC_SERVER",
+    "consumable_shares": "CONSUMABLE_SHARES",
 }
 MIG_MODES = ("static", "dynamic")
 # --grpc-server / GRPC_SERVER picked between two gRPC servers; grpcio is now the only one. A
@@ -103,6 +105,9 @@ class Settings:
     mig_mode: str = "static"
     # Warnings about the settings (a removed setting given), logged once logging is set up.
     warnings: tuple[str, ...] = ()
+    # Consumable shares (docs/sharing.md#consumable-shares): several claims per device, each
+    # given an MPS server of its own with its limits when --mps-support is on; None: off.
+    consumable_shares: shares.ShareMode | None = None
 
     @property
     def rolling_update(self) -> bool:
@@ -204,6 +209,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "true: run an MPS control daemon per claim whose GpuConfig/MigDeviceConfig asks for MPS "
         "(default false: the MPS settings reach the container environment only)",
         metavar="BOOL",
+    )
+    add(
+        "--consumable-shares",
+        "consumable_shares",
+        "publish GPUs and MIG devices for several claims at once, by memory (memory), without "
+        "a limit (unlimited) or for N claims (an integer); with --mps-support each share gets "
+        "an MPS server limited to its memory and compute (default disabled)",
+        metavar="MODE",
     )
     add(
         "--grpc-server",
@@ -308,6 +321,11 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         warnings.append(f"{REMOVED_GRPC_SERVER}; remove the setting (it is ignored)")
     elif grpc_server is not None:
         raise SettingsError(f"{REMOVED_GRPC_SERVER}; remove the setting (got {grpc_server!r})")
+    mps_support = _switch(pick("mps_support"), "--mps-support")
+    try:
+        share_mode = shares.parse_mode(pick("consumable_shares"), compute=mps_support)
+    except shares.ShareModeError as err:
+        raise SettingsError(str(err)) from None
     settings = Settings(
         node_name=node_name,
         driver_name=driver,
@@ -329,9 +347,10 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         health_config=_optional_path(pick("health_config")),
         metrics_address=_metrics_address(pick("metrics_address")),
         time_slicing_settings=_switch(pick("time_slicing_settings"), "--time-slicing-settings"),
-        mps_support=_switch(pick("mps_support"), "--mps-support"),
+        mps_support=mps_support,
         mig_mode=mig_mode,
         warnings=tuple(warnings),
+        consumable_shares=share_mode,
     )
     for path in dataclasses.astuple(socket_paths(settings)):
         if len(str(path).encode()) > sockets.MAX_PATH:

@@ -30,7 +30,9 @@ first released) has ``compatible_version``, ``boot_id``, device facts, ``share_i
 ``admin_access``. Version 3 added ``from_spec``: a record rebuilt from a CDI spec after the
 checkpoint lost it, which lacks request names, share IDs and config (an older plugin reads it as
 a plain completed record). Version 4 (current) added ``generation``, raised by every write (an
-older plugin keeps it unchanged when it writes).
+older plugin keeps it unchanged when it writes). A device's ``consumed`` (what a consumable share
+consumed, ``prepare.shares``) came within version 4: optional and additive, an older plugin
+keeps it as an unknown field.
 
 The previous release made its durable writes through a journal beside the file
 (``checkpoint.journal-0``/``-1``) and replaced the file afterwards; whenever it read the file, a
@@ -128,6 +130,8 @@ class DeviceRecord(_Record):
     device: str
     cdi_device_ids: tuple[str, ...] = ()
     share_id: str | None = None
+    # A shared device: what this share consumed of each capacity (prepare.shares).
+    consumed: dict[str, int] | None = None
     admin_access: bool = False
     # Facts to rebuild the CDI spec; None in a record salvaged without them.
     type: Literal["gpu", "mig"] | None = None

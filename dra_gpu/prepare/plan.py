@@ -25,7 +25,7 @@ device's request is an error. No config: the type's default. The winner is norma
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from dra_gpu.config import (
     ConfigError,
@@ -35,6 +35,7 @@ from dra_gpu.config import (
     normalized,
     parse_opaque_config,
 )
+from dra_gpu.config.quantity import QuantityError, to_bytes
 from dra_gpu.config.scope import MismatchError, Scoped, main_request, unknown_requests, winner
 from dra_gpu.devices.model import Device
 from dra_gpu.errors import UserError
@@ -64,6 +65,9 @@ class PlannedDevice:
     share_id: str | None
     admin_access: bool
     cdi: ClaimDevice
+    # A shared device (consumable capacity): what the allocation consumed of each capacity,
+    # summed over the claim's requests on the device; empty for a device of one claim.
+    consumed: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,20 @@ class ClaimPlan:
 @dataclass(frozen=True)
 class _Config(Scoped):
     source: str = ""
+
+
+def _consumed(ref: ClaimRef, result: DeviceRequestAllocationResult) -> dict[str, int]:
+    """The result's ``consumedCapacity`` as whole amounts; raises PlanError."""
+    raw = result.get("consumedCapacity")
+    if raw is None:
+        return {}
+    where = f"claim {ref}: device {result.get('device')}"
+    if not isinstance(raw, Mapping):
+        raise PlanError(f"{where}: consumedCapacity is not a map of quantities")
+    try:
+        return {str(name): to_bytes(str(value)) for name, value in raw.items()}
+    except QuantityError as exc:
+        raise PlanError(f"{where}: consumedCapacity: {exc}") from None
 
 
 def _check_identity(ref: ClaimRef, claim: ResourceClaim) -> AllocationResult:
@@ -234,7 +252,16 @@ def plan_claim(
                     "with different configs"
                 )
             requests = (*previous.requests, main_request(request))
-            by_device[name] = replace(previous, requests=tuple(dict.fromkeys(requests)))
+            # Two shares of one device in one claim are prepared as one share of their sum:
+            # the claim's containers see the device once (one CDI device), under one limit.
+            consumed = {
+                k: previous.consumed.get(k, 0) + v for k, v in _consumed(ref, result).items()
+            }
+            by_device[name] = replace(
+                previous,
+                requests=tuple(dict.fromkeys(requests)),
+                consumed={**previous.consumed, **consumed},
+            )
             continue
         share_id = result.get("shareID")
         by_device[name] = PlannedDevice(
@@ -243,5 +270,6 @@ def plan_claim(
             share_id=str(share_id) if share_id else None,
             admin_access=bool(result.get("adminAccess")),
             cdi=_claim_device(ref, device, config),
+            consumed=_consumed(ref, result),
         )
     return ClaimPlan(ref=ref, devices=tuple(by_device.values()))

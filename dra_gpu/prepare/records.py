@@ -30,6 +30,7 @@ def device_record(uid: ClaimUID, planned: PlannedDevice) -> DeviceRecord:
         device=device.name,
         cdi_device_ids=(cdi.device_id(uid, device.name),),
         share_id=planned.share_id,
+        consumed=dict(planned.consumed) or None,
         admin_access=planned.admin_access,
         type=device.type,
         uuid=device.uuid,

@@ -76,7 +76,7 @@ from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice
 from dra_gpu.kubeletplugin.driver import PrepareResult as PrepareResult
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.mig.instances import InstanceError
-from dra_gpu.prepare import cdi, device_metadata, records
+from dra_gpu.prepare import cdi, device_metadata, records, shares
 from dra_gpu.prepare.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -311,6 +311,8 @@ class DeviceState:
             inventory=inventory,
         )
         pod_claim = device_metadata.pod_claim_name(claim["metadata"].get("annotations"))
+        if self._sharing.switches.mps:  # each consumable share gets an MPS server of its own
+            plan = shares.enforced(plan)
         devices = [d.cdi for d in plan.devices]
         spec = self._spec(ref.uid, str(ref), devices, self._metadata(plan, pod_claim))
         if record is not None and record.from_spec:
@@ -397,6 +399,12 @@ class DeviceState:
                     )
                     if why is not None:
                         raise PlanError(f"claim {plan.ref}: {why}")
+            others = [(u, r) for u, r in checkpoint.claims.items() if u != uid]
+            for planned in plan.devices:  # a shared device: the shares' amounts must fit
+                device = self._inventory().get(planned.cdi.name)
+                why = shares.capacity_problem(planned, others, device.capacity if device else {})
+                if why is not None:
+                    raise PlanError(f"claim {plan.ref}: {why}")
             return checkpoint.with_claim(uid, record)
 
         return mutate

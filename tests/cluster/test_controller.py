@@ -5,6 +5,8 @@ with one self-signed CA from a shared cert dir. A ValidatingWebhookConfiguration
 module's namespace points the API server at ``ctl-a``'s port on 127.0.0.1, failurePolicy Fail.
 
 Cases:
+- A claim asking more memory than any published GPU (an H200 slice) has is refused naming the
+  most there is; one asking less is created.
 - A claim with an invalid GpuConfig is refused with the field named; a valid one is created; a
   template with an invalid config is refused; a misspelled selector attribute is created with a
   warning suggesting the published name; a DeviceClass with an invalid GpuConfig is refused.
@@ -39,6 +41,8 @@ import pytest
 from dra_gpu.controller import classes, registration
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient, connect
+from dra_gpu.plugin import inventory, platforms
+from dra_gpu.plugin.published import node_slices
 from e2e import helm, probes, procs, waiting
 from e2e.cluster import Cluster
 
@@ -294,6 +298,51 @@ def test_misspelled_selector_is_created_with_a_warning(setup: Setup) -> None:
         "spec.devices.requests[0].exactly.selectors[0]" in w and "'productName'" in w
         for w in reply.warnings
     ), reply.warnings
+
+
+def test_a_request_no_published_gpu_can_meet_is_refused(setup: Setup) -> None:
+    slice_path = "/apis/resource.k8s.io/v1/resourceslices"
+    node = "webhook-capacity-node"
+    (published,) = node_slices(
+        list(
+            inventory.discover(
+                inventory.backend_for(platforms.for_node(simulate="h200x8", node_name=node))
+            )
+        )[:1],
+        driver_name="gpu.nvidia.com",
+        node_name=node,
+        node_uid=None,
+        pool_generation=1,
+    )
+    setup.client.request("POST", slice_path, body=published)
+    try:
+
+        def asking(name: str, memory: str) -> dict[str, Any]:
+            body = claim(name)
+            body["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {
+                "requests": {"memory": memory}
+            }
+            return body
+
+        def refused() -> str | None:
+            try:
+                setup.client.call("POST", CLAIMS, body=asking("too-big", "200Gi"))
+            except errors.ApiError as exc:
+                return exc.message
+            setup.client.request("DELETE", f"{CLAIMS}/too-big")
+            return None  # the webhook's list may be up to 30 s older than the slice
+
+        message = waiting.wait_for("the 200Gi request refused", refused, timeout=60)
+        # A claim without a config of the driver goes to the Ignore webhook.
+        assert 'admission webhook "selectors.gpu.nvidia.com" denied the request' in message
+        assert (
+            "spec.devices.requests[0].exactly.capacity.requests.memory: asks 200Gi, the most any "
+            "published device of class gpu.nvidia.com has is 143771Mi" in message
+        ), message
+        reply = setup.client.call("POST", CLAIMS, body=asking("fits", "140Gi"))
+        assert reply.body["metadata"]["name"] == "fits"
+    finally:
+        setup.client.request("DELETE", f"{slice_path}/{published['metadata']['name']}")
 
 
 def test_device_class_with_invalid_config_is_refused(setup: Setup) -> None:

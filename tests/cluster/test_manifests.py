@@ -3,7 +3,8 @@
 Cases:
 - the committed plain manifests (``manifests/rendered/``) are exactly what the chart renders;
 - ``kubeletPlugin.migMode=dynamic`` starts the plugin in dynamic MIG mode; static renders
-  nothing (the plugin's default), and another value fails the render;
+  nothing (the plugin's default), and another value fails the render; so does
+  ``kubeletPlugin.sharing.consumableShares`` (memory, an integer; disabled renders nothing);
 - ``kubeletPlugin.grpcServer`` (removed) fails the render with a message that says so;
 - every object the chart renders is accepted by the API server (server-side dry-run), for the
   default values, simulated GPUs, and both ways of getting the webhook certificate;
@@ -199,6 +200,20 @@ def _plugin_env(values: dict[str, str | bool | int]) -> dict[str, str]:
     (plugin,) = [d for d in _docs(helm.render(set_values=values)) if d["kind"] == "DaemonSet"]
     (ctr,) = plugin["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e["value"] for e in ctr["env"] if "value" in e}
+
+
+@pytest.mark.parametrize(("value", "env"), [("memory", "memory"), (4, "4"), ("disabled", None)])
+def test_consumable_shares_value_reaches_the_plugin(value: str | int, env: str | None) -> None:
+    assert (
+        _plugin_env({"kubeletPlugin.sharing.consumableShares": value}).get("CONSUMABLE_SHARES")
+        == env
+    )
+    assert "CONSUMABLE_SHARES" not in _plugin_env({})
+
+
+def test_a_bad_consumable_shares_value_does_not_render() -> None:
+    with pytest.raises(RuntimeError, match="must be memory, unlimited, a positive integer or "):
+        helm.render(set_values={"kubeletPlugin.sharing.consumableShares": "half"})
 
 
 def test_mig_mode_value_starts_the_plugin_in_dynamic_mode_and_leaves_static_unrendered() -> None:

@@ -53,12 +53,17 @@ def test_json_is_the_published_slices(capsys: pytest.CaptureFixture[str]) -> Non
     assert obj["spec"]["devices"][0]["attributes"]["productName"] == {"string": "NVIDIA H200"}
 
 
-@pytest.mark.parametrize("profile", ["h200x8", "a100x4-mig"])
+@pytest.mark.parametrize(
+    ("profile", "shares"),
+    [("h200x8", None), ("a100x4-mig", None), ("h200x8", "memory"), ("a100x4-mig", "4")],
+)
 def test_json_is_exactly_what_the_plugin_publishes(
-    capsys: pytest.CaptureFixture[str], profile: str
+    capsys: pytest.CaptureFixture[str], profile: str, shares: str | None
 ) -> None:
     # The plugin's first publish on node n1, into an in-memory API server.
-    settings = plugin_settings.build_settings({"node_name": "n1", "simulate": profile}, {})
+    settings = plugin_settings.build_settings(
+        {"node_name": "n1", "simulate": profile, "consumable_shares": shares}, {}
+    )
     devices = inventory.discover(
         inventory.backend_for(platforms.for_node(simulate=profile, node_name="n1"))
     )
@@ -71,7 +76,8 @@ def test_json_is_exactly_what_the_plugin_publishes(
         alive=lambda other: False,
     ).reconcile_once()
 
-    rc, out, _ = run(capsys, "--simulate", profile, "--node-name", "n1", "-o", "json")
+    share_flag = ("--consumable-shares", shares) if shares else ()
+    rc, out, _ = run(capsys, "--simulate", profile, "--node-name", "n1", "-o", "json", *share_flag)
     assert rc == 0
     # Only the publisher's bookkeeping differs: its annotations, the Node as owner, and what
     # the API server adds (uid, resourceVersion).
