@@ -141,6 +141,10 @@ class Telemetry:
         for target in involved:
             self._post(target, text)
 
+    def close_sampler(self) -> None:
+        """Let go of the sampler (NVML) when passes are run by hand, not by :meth:`run`."""
+        self._sampler.close()
+
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
@@ -149,7 +153,7 @@ class Telemetry:
                 log.exception("telemetry pass failed")
             if stop.wait(self.interval_s):
                 break
-        self._sampler.close()
+        self.close_sampler()
 
     def start(self, stop: threading.Event) -> threading.Thread:
         self._thread = threading.Thread(
