@@ -77,6 +77,7 @@ class Telemetry:
         self._pods, self._idle, self._post, self._clock = pods, idle, post, clock
         self._tracker = idle_claims.IdleTracker(idle_after_s=idle.after_s) if idle else None
         self.snapshot = Snapshot(usage_series.UsageView(node=node))
+        self._last_claims: Mapping[str, ClaimRecord] = {}
         self._thread: threading.Thread | None = None
 
     def run_once(self) -> Snapshot:
@@ -85,10 +86,12 @@ class Telemetry:
         devices = [d for d in self._devices() if d.uuid is not None]
         usage = self._sampler.sample(devices)
         try:
-            claims = self._claims()
-        except Exception as err:  # the checkpoint unreadable now: label nothing this pass
+            claims = self._last_claims = self._claims()
+        except Exception as err:
+            # The checkpoint's lock not taken in time, or the file moved aside: the last
+            # claims read stand, so labels and idle periods do not drop out for a pass.
             log.warning("telemetry: cannot read the checkpoint: %s", err)
-            claims = {}
+            claims = self._last_claims
         held = usage_series.holders(claims, pool=self.node)
         by_uid = {h.claim_uid: h for hs in held.values() for h in hs}
         view = usage_series.build_view(

@@ -559,3 +559,34 @@ def test_bad_telemetry_flags_are_refused(flags: dict[str, str]) -> None:
 
     with pytest.raises(settings.SettingsError):
         settings.build_settings({"node_name": NODE, **flags}, {})
+
+
+def test_a_checkpoint_that_cannot_be_read_for_a_pass_keeps_the_labels_and_idle_time() -> None:
+    api, sampler, clock = Api(), FakeSampler(), Clock()
+    api.claims["c"] = claim_json("u1", "c", (POD_A, "p"))
+    held = {"u1": record("c", "gpu-0")}
+    failing = [False]
+
+    def claims() -> dict[str, ClaimRecord]:
+        if failing[0]:
+            raise TimeoutError("checkpoint lock not taken within 10 s")
+        return held
+
+    t = telemetry.Telemetry(
+        node=NODE,
+        sampler=sampler,
+        devices=devices,
+        claims=claims,
+        pods=ClaimPods(api.get, clock=clock),
+        idle=telemetry.IdleSettings(60, 0.01),
+        post=api.post,
+        clock=clock,
+    )
+    t.run_once()
+    clock.t += 40
+    failing[0] = True
+    t.run_once()
+    assert t.snapshot.view.devices[0].labels["claim_name"] == "c"
+    clock.t += 30
+    t.run_once()
+    assert [o["kind"] for o, _ in api.events] == ["ResourceClaim", "Pod"]  # 70 s idle in all
