@@ -48,7 +48,7 @@ import grpc  # noqa: E402
 from dra_gpu.controller import classes  # noqa: E402
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc  # noqa: E402
 from e2e import procs, waiting  # noqa: E402
-from e2e.cluster import Cluster  # noqa: E402
+from e2e.cluster import SIMULATED_TOLERATION, Cluster  # noqa: E402
 from e2e.kube_json import as_body  # noqa: E402
 from e2e.kubelet_calls import call  # noqa: E402
 
@@ -161,6 +161,7 @@ def make_claims(cluster: Cluster, node: str, device_class: str = classes.MIG_CLA
     container = {"name": "c", "image": "pause", "resources": {"claims": [{"name": "g"}]}}
     spec = {
         "nodeSelector": {"kubernetes.io/hostname": node},
+        "tolerations": [dict(SIMULATED_TOLERATION)],  # the node is simulated
         "containers": [container],
         "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "one-device"}],
     }

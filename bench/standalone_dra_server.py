@@ -1,8 +1,9 @@
 """Only the DRA services of the plugin on a unix socket: no registration, no ResourceSlices.
 
 ``bench/prepare.py --server standalone`` runs it to measure prepare without the plugin's
-node-wide call lock. The prepare core is the plugin's own (``plugin.prepare_core``), so what is
-measured is what the plugin does per claim.
+node-wide call lock. The prepare core and the server's limits are the plugin's own
+(``plugin.prepare_core``, ``kit.DRA_LIMITS``), so what is measured is what the plugin
+does per claim.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.kube.client import connect
-from dra_gpu.kubeletplugin import dra_service, rpcserver
+from dra_gpu.kubeletplugin import dra_service, grpcio_server, kit
 from dra_gpu.plugin import inventory, platforms, prepare_core
 from dra_gpu.prepare.sharing.applied import Switches
 
@@ -32,7 +33,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cdi-root", type=Path, required=True)
     p.add_argument("--state-dir", type=Path, required=True)
     p.add_argument("--driver-name", default=DRIVER_NAME)
-    p.add_argument("--workers", type=int, default=16)
     return p.parse_args(argv)
 
 
@@ -55,7 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sharing=Switches(),
     )
     state.start()
-    server = rpcserver.Server(dra_service.methods(state), max_workers=args.workers)
+    server = grpcio_server.GrpcioServer(
+        dra_service.methods(state),
+        health=grpcio_server.health_servicer(),
+        limits=kit.DRA_LIMITS,
+    )
     args.socket.unlink(missing_ok=True)
     server.add_address(f"unix:{args.socket}")
     server.start()

@@ -22,6 +22,7 @@ a generated module (same replace directives with the matching ``v0.<minor>.<patc
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import json
@@ -445,7 +446,20 @@ def ensure(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m e2e.binaries [component ...]``: build what is missing, print the paths."""
-    names = list(argv if argv is not None else sys.argv[1:]) or list(CONTROL_PLANE)
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.binaries",
+        description="Build the Kubernetes and etcd binaries that are missing from the cache "
+        f"({cache_root()}) and print their paths.",
+    )
+    parser.add_argument(
+        "components",
+        nargs="*",
+        metavar="COMPONENT",
+        choices=[*ALL_COMPONENTS, "all"],
+        help=f"what to build: {', '.join(ALL_COMPONENTS)}, or all "
+        f"(default: the control plane, {', '.join(CONTROL_PLANE)})",
+    )
+    names = parser.parse_args(argv).components or list(CONTROL_PLANE)
     if names == ["all"]:
         names = list(ALL_COMPONENTS)
     for name, path in ensure(names).items():

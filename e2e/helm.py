@@ -18,6 +18,7 @@ CLI: ``python -m e2e.helm`` prints the helm path (building it first when needed)
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -170,16 +171,22 @@ def render_committed() -> dict[Path, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args == ["render"]:
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.helm",
+        description="Print the path of helm, building it into the cache first when missing.",
+    )
+    parser.add_argument(
+        "command",
+        nargs="?",
+        choices=["render"],
+        help="render: rewrite manifests/rendered/ from the chart instead",
+    )
+    if parser.parse_args(argv).command == "render":
         for path, text in render_committed().items():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             print(f"wrote {path}")
         return 0
-    if args:
-        print("usage: python -m e2e.helm [render]", file=sys.stderr)
-        return 2
     print(ensure_helm())
     return 0
 

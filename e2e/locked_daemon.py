@@ -3,6 +3,9 @@
 ``start()`` takes the lock (waiting for another holder to finish), spawns the process in its own
 process group (``e2e.procs``) and waits until ``ready()`` says so; a daemon that exits first ends
 the wait with its log's tail, and a failed start stops it again. ``stop()`` is idempotent.
+``leftovers`` removes what a killed instance leaves behind (processes of its own that outlive it):
+it runs under the lock, before each start and after each stop, so it never touches a running
+instance of another holder.
 """
 
 from __future__ import annotations
@@ -17,8 +20,16 @@ from e2e import procs, waiting
 
 
 class LockedDaemon:
-    def __init__(self, name: str, *, lock_path: Path, log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        lock_path: Path,
+        log_path: Path,
+        leftovers: Callable[[], None] = lambda: None,
+    ) -> None:
         self.name, self.lock_path, self.log_path = name, lock_path, log_path
+        self._leftovers = leftovers
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock: IO[str] | None = None
 
@@ -34,6 +45,11 @@ class LockedDaemon:
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.lock_path, "w")  # noqa: SIM115 (held until stop())
         fcntl.flock(self._lock, fcntl.LOCK_EX)
+        try:
+            self._leftovers()  # of an instance killed before its stop()
+        except BaseException:
+            self.stop()
+            raise
         self._proc = procs.spawn(argv, log_path=self.log_path)
 
         def probe() -> bool:
@@ -56,6 +72,7 @@ class LockedDaemon:
         if self._proc is not None:
             procs.stop(self._proc, grace_s=grace_s)
             self._proc = None
+            self._leftovers()  # of a daemon that needed SIGKILL
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None

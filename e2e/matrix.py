@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e import binaries
+from e2e import binaries, procs
 
 VERSIONS = ("v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2")
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,19 +183,13 @@ def run_version(version: str, out: Path) -> dict[str, Outcome]:
     env = {**os.environ, "DRA_GPU_K8S_VERSION": version}
     started = time.monotonic()
     with open(out / "pytest.log", "w") as log:
-        proc = subprocess.run(
-            argv,
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
+        # Interrupted, pytest gets the time to take its real nodes down.
+        code = procs.run_to_end(
+            argv, timeout=RUN_TIMEOUT_S, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
         )
     took = time.monotonic() - started
     print(
-        f"[matrix] {version}: pytest exit {proc.returncode} in {took / 60:.1f} min, "
-        f"log {out / 'pytest.log'}",
+        f"[matrix] {version}: pytest exit {code} in {took / 60:.1f} min, log {out / 'pytest.log'}",
         flush=True,
     )
     return parse_junit(junit.read_text()) if junit.is_file() else {}

@@ -8,9 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from dra_gpu import DRIVER_NAME
+from e2e.cluster import SIMULATED_TOLERATION
 from e2e.images.node_images import TEST_IMAGE
 
 REQUEST = "mig"
+# As the scenarios' pods: the report, then wait, ending at once on SIGTERM (a deleted pod goes).
+REPORT_THEN_SLEEP = (
+    'trap "exit 0" TERM; echo "== env"; env | sort; echo "== devices"; '
+    'find /dev -name "nvidia*" | sort; echo "== end"; sleep 100000 & wait'
+)
 
 
 def devices(profile: str) -> dict[str, Any]:
@@ -44,7 +50,8 @@ def claim_template(name: str, profile: str) -> dict[str, Any]:
 def pod(
     name: str, node: str, *, template: str | None = None, claim: str | None = None
 ) -> dict[str, Any]:
-    """A pod on ``node`` using the claim from ``template``, or the claim named ``claim``."""
+    """A pod on ``node`` using the claim from ``template``, or the claim named ``claim``;
+    ``node`` may be a simulated one (the pod tolerates its taint)."""
     source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
     return {
         "apiVersion": "v1",
@@ -52,6 +59,7 @@ def pod(
         "metadata": {"name": name},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [dict(SIMULATED_TOLERATION)],
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
             "containers": [
@@ -59,7 +67,8 @@ def pod(
                     "name": "ctr",
                     "image": TEST_IMAGE,
                     "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", "env | sort; sleep 100000"],
+                    # The report the scenarios' containers print (e2e.suite.views.parse_report).
+                    "command": ["sh", "-c", REPORT_THEN_SLEEP],
                     "resources": {"claims": [{"name": REQUEST}]},
                 }
             ],

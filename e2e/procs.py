@@ -4,8 +4,12 @@ Every component runs in its own session (hence its own process group), so stoppi
 everything it spawned too (``killpg``). Four layers make sure nothing is left behind:
 
 1. ``stop`` / ``stop_all``: SIGTERM to the group, then SIGKILL after a grace period.
-2. ``atexit`` and SIGTERM/SIGHUP handlers (installed only where no handler is set yet) call
-   ``stop_all`` for a normal exit or a polite kill of the Python process.
+2. ``atexit`` calls ``stop_all``; SIGTERM and SIGHUP (where no handler is set yet) raise
+   ``KeyboardInterrupt`` in the main thread, as Ctrl-C does, so a polite kill of the Python
+   process unwinds through the same teardown as any error (``finally``, ``with``, atexit): a
+   node's ``down()`` kills its pods' containers before its containerd goes, where stopping every
+   child at once would leave their shims running. Only the first signal interrupts: a second one
+   (make's SIGTERM, then the shell's) must not cut that teardown short.
 3. ``PR_SET_PDEATHSIG``: the kernel SIGKILLs a child whose parent dies, even by SIGKILL. The
    "parent" is the *thread* that forked, so it is only set for children started from the main
    thread: a child started from a short-lived worker thread would die with that thread.
@@ -27,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 _live: dict[int, subprocess.Popen[bytes]] = {}  # pid (== pgid) -> process
@@ -101,18 +106,53 @@ def _install_handlers() -> None:
             return
         _handlers_installed = True
     atexit.register(stop_all)
+    interrupt_on_terminate()
+
+
+_TERMINATE = (signal.SIGTERM, signal.SIGHUP)
+
+
+def interrupt_on_terminate() -> None:
+    """SIGTERM and SIGHUP raise ``KeyboardInterrupt``, where nothing else handles them yet."""
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in _TERMINATE:
         if signal.getsignal(sig) in (signal.SIG_DFL, None):
-            signal.signal(sig, _on_fatal_signal)
+            signal.signal(sig, _interrupt)
 
 
-def _on_fatal_signal(signum: int, _frame: FrameType | None) -> None:
-    stop_all(grace_s=1.0)
-    # Die of the same signal, as if no handler had been installed.
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    for sig in _TERMINATE:
+        if signal.getsignal(sig) is _interrupt:
+            # A handler, not SIG_IGN: an ignored signal would stay ignored in every child
+            # started during the teardown.
+            signal.signal(sig, _during_teardown)
+    raise KeyboardInterrupt(f"{signal.Signals(signum).name}: tearing down")
+
+
+def _during_teardown(_signum: int, _frame: FrameType | None) -> None:
+    pass
+
+
+def run_to_end(
+    argv: Sequence[str], *, timeout: float | None = None, grace_s: float = 300.0, **popen: Any
+) -> int:
+    """Run a child that tears down what it started (a harness, pytest) and return its exit
+    code. Interrupted or timed out, it gets SIGTERM and ``grace_s`` to finish its teardown
+    before SIGKILL (``subprocess.run`` kills at once, cutting that teardown short), then the
+    interrupt or ``subprocess.TimeoutExpired`` propagates."""
+    interrupt_on_terminate()
+    with subprocess.Popen(list(argv), **popen) as proc:
+        try:
+            return proc.wait(timeout=timeout)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            proc.send_signal(signal.SIGTERM)  # once is enough: it ignores a second one
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
 
 
 def free_ports(count: int) -> list[int]:

@@ -11,7 +11,7 @@ supervisor owns everything it starts and tears it down on SIGTERM. Invariants:
 - A signal during start-up raises ``SystemExit`` in the supervisor, so its start-up code tears
   down what it started; afterwards a signal only sets ``stopped``.
 - The foreground never leaves a half-started supervisor behind: if start-up fails, times out or
-  is interrupted (Ctrl-C), the supervisor is stopped before the error propagates.
+  is interrupted (Ctrl-C, SIGTERM, SIGHUP), the supervisor is stopped before the error propagates.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
-from e2e import waiting
+from e2e import procs, waiting
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,8 @@ def follow(
     """Copy the supervisor's log to stderr until ``ready()`` returns its state, and return that.
 
     Raises ``SupervisorExited`` if it exits first, ``waiting.WaitTimeout`` after ``timeout``;
-    then, and on Ctrl-C, the supervisor is stopped before the error propagates."""
+    then, and on Ctrl-C or SIGTERM, the supervisor is stopped before the error propagates."""
+    procs.interrupt_on_terminate()
     with log.open() as tail:
 
         def started() -> T | None:

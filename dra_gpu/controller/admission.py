@@ -8,6 +8,11 @@ to send back. It never raises on bad input: a malformed review gets a refusal na
   :func:`dra_gpu.config.parse_opaque_config`, the very function prepare uses, so a claim admitted
   here cannot fail prepare on its config. The message names each bad field by its full path in
   the object (``spec.devices.config[0].opaque.parameters.sharing.strategy: ...``).
+- Refusal, where the request's device type is known (its DeviceClass is ``gpu.nvidia.com`` or
+  ``mig.nvidia.com``, for each subrequest of a ``firstAvailable`` request too): the config that
+  would configure its devices must fit them, and a config names only requests of the claim,
+  by the rule prepare uses (:mod:`dra_gpu.config.scope`): a ``MigDeviceConfig`` naming a
+  request for full GPUs is refused here rather than failing the pod's prepare.
 - Warnings (allowed, flagged to the user by kubectl): selectors referencing attribute or
   capacity names the driver never publishes (:mod:`selectors`), in ``exactly.selectors`` and in
   ``firstAvailable[].selectors`` (and the request-level ``selectors`` of older API versions).
@@ -25,7 +30,9 @@ from typing import Any, Final
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu import config as gpu_config
+from dra_gpu.config import scope
 from dra_gpu.controller import selectors
+from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
 # Where the DeviceClaim (spec.devices) sits in each kind we review.
@@ -35,6 +42,9 @@ _DEVICES_PATH: Final = {
     "DeviceClass": ("spec",),
 }
 _REVIEWED_OPERATIONS: Final = frozenset({"CREATE", "UPDATE"})
+# The device type of the built-in classes' devices (what their selectors select).
+_CLASS_TYPES: Final[dict[str, scope.DeviceType]] = {GPU_CLASS: "gpu", MIG_CLASS: "mig"}
+_CLASS_WHAT: Final = {"gpu": "full GPUs", "mig": "MIG devices"}
 
 JSON = dict[str, Any]
 
@@ -64,6 +74,66 @@ def config_problems(devices: Mapping[str, Any], prefix: str) -> list[str]:
         except gpu_config.ConfigError as exc:
             problems.extend(f"{path}.{p}" if p.path else f"{path}: {p}" for p in exc.problems)
     return problems
+
+
+def _requests(devices: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(``req`` or ``req/sub``, DeviceClass) of each request that gets devices: the request
+    itself, or each subrequest of a ``firstAvailable`` one."""
+    out = []
+    for request in _items(devices.get("requests")):
+        name = _field(request, "name")
+        if not isinstance(name, str):
+            continue
+        subs = _items(_field(request, "firstAvailable"))
+        for sub in subs:
+            if isinstance(sub_name := _field(sub, "name"), str):
+                out.append((f"{name}/{sub_name}", str(_field(sub, "deviceClassName") or "")))
+        if not subs:
+            # v1 nests the class in ``exactly``; v1beta1 has it on the request itself.
+            exactly = _field(request, "exactly")
+            cls = _field(exactly, "deviceClassName") or _field(request, "deviceClassName")
+            out.append((name, str(cls or "")))
+    return out
+
+
+def scope_problems(devices: Mapping[str, Any], prefix: str) -> list[str]:
+    """What prepare would refuse in the claim's configs of this driver (all of them parsed):
+    a request named that the claim does not have, and, for each request of a built-in class,
+    a config of the other device type that names it and would configure its devices."""
+    configs = []
+    for i, entry in enumerate(_items(devices.get("config"))):
+        opaque = _field(entry, "opaque")
+        if _field(opaque, "driver") != DRIVER_NAME:
+            continue
+        named = tuple(r for r in _items(_field(entry, "requests")) if isinstance(r, str))
+        parsed = gpu_config.parse_opaque_config(_field(opaque, "parameters"))
+        configs.append(scope.Scoped(where=f"{prefix}.config[{i}]", requests=named, config=parsed))
+    requests = _requests(devices)
+    known: dict[str, list[str]] = {}
+    for name, _ in requests:
+        main, _, sub = name.partition("/")
+        known.setdefault(main, []).extend([sub] if sub else [])
+    problems = [
+        f"{c.where}.requests: names {', '.join(repr(u) for u in unknown)}, which the claim "
+        f"does not have (its requests: {', '.join(sorted(known))})"
+        for c in configs
+        if known and (unknown := scope.unknown_requests(c.requests, known))
+    ]
+    for name, cls in requests:
+        device_type = _CLASS_TYPES.get(cls)
+        if device_type is None:
+            continue  # another class: its devices' type is not known here
+        try:
+            scope.winner(
+                configs,
+                request=name,
+                device_type=device_type,
+                device=f"request {name!r}",
+                which=f"whose DeviceClass {cls} gives {_CLASS_WHAT[device_type]}",
+            )
+        except scope.MismatchError as exc:
+            problems.append(str(exc))
+    return list(dict.fromkeys(problems))
 
 
 def _selector_lists(devices: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, list[Any]]]:
@@ -140,8 +210,8 @@ def review(admission_review: Mapping[str, Any]) -> JSON:
             # admitted before this webhook existed must stay deletable, and unchanged selectors
             # were already warned about.
             return _response(uid, problems=[], warnings=[])
-    return _response(
-        uid,
-        problems=config_problems(devices, prefix),
-        warnings=selector_warnings(devices, prefix),
-    )
+    # The scope is checked once every config parses (it needs them parsed).
+    problems = config_problems(devices, prefix)
+    if not problems and kind != "DeviceClass":
+        problems = scope_problems(devices, prefix)
+    return _response(uid, problems=problems, warnings=selector_warnings(devices, prefix))

@@ -10,7 +10,8 @@ Design:
   ``max_backoff_s``; a conflict or a missing object means "look again" after a short pause.
   An outage is logged once when it starts and once when it ends, not on every attempt.
 - ``synced`` turns true after the first successful reconcile and stays true, so a liveness
-  probe on it does not restart the plugin while the API server is away.
+  probe on it does not restart the plugin while the API server is away; ``on_synced`` is
+  called (on the reconcile thread) when it turns true.
 - In a rolling update the older instance stands by while a newer one's slices exist (see
   ``slice_plan``): standing by is a successful reconcile that writes nothing.
 
@@ -71,6 +72,7 @@ class Publisher:
         max_backoff_s: float = 5.0,
         instance: slice_plan.Instance | None = None,
         alive: Callable[[slice_plan.Instance], bool],
+        on_synced: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
         self._node = node
@@ -85,6 +87,7 @@ class Publisher:
         self._outage = False
         self._instance = instance
         self._alive = alive
+        self._on_synced = on_synced
         self._standby_for: slice_plan.Instance | None = None
 
     @property
@@ -187,7 +190,9 @@ class Publisher:
                 log.warning("API server reachable again; pool %s is up to date", self._node)
                 self._outage = False
             failures = 0
-            self._synced.set()
+            if not self._synced.is_set():
+                self._synced.set()
+                self._on_synced()
             self._wait_for_work(stop)
 
     def _wait_for_work(self, stop: threading.Event) -> None:

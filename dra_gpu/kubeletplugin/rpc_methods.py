@@ -1,10 +1,10 @@
-"""What the kubelet plugin serves over gRPC, independent of the server that carries it.
+"""What the kubelet plugin serves over gRPC, apart from the server that carries it.
 
 A service is a list of :class:`Method`: its full path (``/package.Service/Method``), how to
 parse a request from its wire bytes, the handler, how to serialize a response, and whether the
-handler returns one response or yields a stream of them. The builtin server (``rpcserver``)
-and the grpcio one (``grpcio_server``) both serve such a table, so no service module imports a
-transport, and the generated ``*_pb2_grpc`` modules (which import ``grpc``) are never needed.
+handler returns one response or yields a stream of them. ``grpcio_server`` serves such a table
+with grpcio's generic handlers, so no service module imports a transport (each is tested by
+calling its handlers), and the generated ``*_pb2_grpc`` modules are never needed to serve.
 
 A handler reports a gRPC error by raising :class:`Abort`; any other exception becomes UNKNOWN.
 """
@@ -68,17 +68,3 @@ def serialize_message(message: Any) -> bytes:
     """A protobuf message's wire bytes (``SerializeToString``, as a plain function)."""
     data: bytes = message.SerializeToString()
     return data
-
-
-class RpcServer(Protocol):
-    """A server of a method table (``rpcserver.Server``, ``grpcio_server.GrpcioServer``)."""
-
-    def add_address(self, address: str) -> None:
-        """Listen on ``unix:PATH`` (bound at once, served once started)."""
-        ...
-
-    def start(self) -> None: ...
-
-    def stop(self, grace: float) -> None:
-        """Refuse new calls, give those in flight ``grace`` seconds, then close; blocks."""
-        ...

@@ -12,8 +12,10 @@ No grpc here: callers pass ``bind``, a function that makes their server listen o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -23,6 +25,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o600
+# What an instance's name (its pod UID) may be, so that it fits in a socket's file name.
+POD_UID_PATTERN = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]{0,62}$")
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_PATH = 107
 
@@ -112,3 +116,31 @@ def remove(path: Path) -> None:
     """Remove our socket; a missing one is fine (shutdown may run twice)."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+
+
+@dataclasses.dataclass(frozen=True)
+class SocketPaths:
+    """Where an instance listens and which file serializes calls across instances."""
+
+    registration: Path
+    dra: Path
+    lock: Path
+
+
+def socket_paths(
+    *, driver_name: str, registry_dir: Path, data_dir: Path, pod_uid: str | None
+) -> SocketPaths:
+    """Socket names: defaults, or per-instance names in rolling-update mode (``pod_uid``).
+
+    The kubelet tells instances apart by their registration socket; the newest one it connected
+    to gets the calls. The lock file is shared by all instances of the driver on the node.
+    """
+    if pod_uid is None:
+        reg_name, dra_name = f"{driver_name}-reg.sock", "dra.sock"
+    else:
+        reg_name, dra_name = f"{driver_name}-{pod_uid}-reg.sock", f"dra-{pod_uid}.sock"
+    return SocketPaths(
+        registration=registry_dir / reg_name,
+        dra=data_dir / dra_name,
+        lock=data_dir / "calls.lock",
+    )

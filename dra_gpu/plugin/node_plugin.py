@@ -1,57 +1,21 @@
-"""Lifecycle of the kubelet plugin: what starts in which order, and how it stops.
+"""The GPU driver's kubelet plugin: the kit (``kubeletplugin.kit``) told this node's devices.
 
-Start order (each step needs the one before; ``main.serve`` runs them):
-1. :meth:`NodePlugin.start_publishing`: the publisher (its API round trips overlap with the
-   rest of start-up).
-2. The driver restores its prepare state inside :meth:`NodePlugin.exclusive` (the node-wide
-   file lock, exclusively: no DRA call of this or another instance runs meanwhile).
-3. :meth:`NodePlugin.serve`: the DRA server on the DRA socket (DRAPlugin v1 + v1beta1 over the
-   driver; in rolling-update mode the calls' checkpoint and CDI work holds the same lock, see
-   ``main.device_state``; DRAResourceHealth v1 + v1alpha1, grpc.health.v1), then the
-   registration server on the registry socket. That must come last: the kubelet connects to
-   the DRA endpoint as soon as registration succeeds. Then HTTP /healthz, when a port is
-   configured.
-
-Stop order is the reverse for the sockets: the registration socket goes first, so the kubelet
-deregisters this instance (and, in a rolling update, switches to the other) before the DRA
-socket closes; in-flight DRA calls get a grace period. Slices are left in place: another
-instance or the next start takes them over, and the kubelet removes them when no instance of
-the driver is left for 30 s.
+:class:`NodePlugin` is the kit with the settings of ``dra-gpu kubelet-plugin`` and the GPU
+devices: their slices rendered by ``published.node_slices``, their taints from the health
+monitor. What starts in which order, and how it stops: ``kubeletplugin.kit``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import logging
 import os
 import socket
-import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Collection, Mapping, Sequence
 
 from dra_gpu.devices.model import Device
-from dra_gpu.kubeletplugin import (
-    call_lock,
-    device_health,
-    dra_service,
-    grpc_health,
-    healthz,
-    publisher,
-    registration,
-    rpcserver,
-    slice_plan,
-    sockets,
-)
-from dra_gpu.kubeletplugin.driver import Driver
-from dra_gpu.kubeletplugin.rpc_methods import Method, RpcServer
+from dra_gpu.kubeletplugin import kit, publisher, slice_plan, sockets
 from dra_gpu.plugin import published
-from dra_gpu.plugin.settings import POD_UID_PATTERN, Settings, socket_paths
-
-log = logging.getLogger(__name__)
-
-DRA_GRACE_S = 10.0
+from dra_gpu.plugin.settings import Settings, instance_socket_paths
 
 
 def renderer(
@@ -81,7 +45,24 @@ def this_instance(settings: Settings) -> slice_plan.Instance:
     return slice_plan.Instance(started_ns=time.time_ns(), name=name)
 
 
-class NodePlugin:
+def options(settings: Settings) -> kit.Options:
+    """What the kit needs of the plugin's settings."""
+
+    def paths(pod_uid: str | None) -> sockets.SocketPaths:
+        return instance_socket_paths(settings, pod_uid)
+
+    return kit.Options(
+        driver_name=settings.driver_name,
+        node_name=settings.node_name,
+        pod_uid=settings.pod_uid,
+        data_dir=settings.plugin_data_dir,
+        paths=paths,
+        healthz_address=settings.healthz_address,
+        healthz_port=settings.healthz_port,
+    )
+
+
+class NodePlugin(kit.Kit):
     def __init__(
         self,
         settings: Settings,
@@ -91,37 +72,13 @@ class NodePlugin:
         instance: slice_plan.Instance,
     ) -> None:
         self._settings = settings
-        self._paths = socket_paths(settings)
-        self._stop = threading.Event()
-        self.health = device_health.HealthFeed(pool=settings.node_name)
-        self.health.set_devices([d.name for d in devices])
-        self.publisher = publisher.Publisher(
+        super().__init__(
+            options(settings),
             store=store,
-            node=settings.node_name,
-            driver=settings.driver_name,
             render=renderer(settings, devices),
+            device_names=[d.name for d in devices],
             instance=instance,
-            alive=self._instance_alive,
         )
-        self._dra_server: RpcServer | None = None
-        self._reg_server: RpcServer | None = None
-        self._healthz: healthz.HealthzServer | None = None
-        self._serving = False
-        self._registered = threading.Event()
-
-    @property
-    def stop_event(self) -> threading.Event:
-        return self._stop
-
-    def _instance_alive(self, other: slice_plan.Instance) -> bool:
-        """Whether another instance of this driver on this node still serves its registration
-        socket (only rolling-update instances, named by pod UID, have one of their own)."""
-        if other.name == self._settings.pod_uid:
-            return True
-        if not POD_UID_PATTERN.match(other.name):
-            return False  # a name no socket of ours can carry
-        path = socket_paths(dataclasses.replace(self._settings, pod_uid=other.name)).registration
-        return sockets.accepts(path)
 
     def set_devices(
         self,
@@ -131,104 +88,11 @@ class NodePlugin:
         taints: Mapping[str, Sequence[publisher.JSON]] | None = None,
         faults: Mapping[str, str] | None = None,
     ) -> None:
-        """A new inventory, or new faults: publish the slices and report the devices' health.
-
-        ``in_use``: devices in prepared claims, which stay listed (UNHEALTHY) if they are gone;
-        None when that is unknown, so every device that is gone stays listed. ``taints``:
-        device name -> its taints; ``faults``: device name -> why it is unhealthy (both from
-        ``health_monitor``, which calls this whenever either changes).
-        """
-        self.publisher.set_inventory(renderer(self._settings, devices, taints))
-        self.health.set_faults(faults or {})
-        self.health.set_devices([d.name for d in devices], in_use=in_use)
-
-    def problem(self) -> str | None:
-        """Why the plugin is not healthy, or None (for /healthz and grpc health)."""
-        if not self._serving:
-            return "gRPC servers are not serving"
-        if not self.publisher.synced:
-            return "ResourceSlices not published yet"
-        return None
-
-    def not_ready(self) -> str | None:
-        """Why the plugin should not get calls yet (readiness), or None: healthy, and the kubelet
-        confirmed the registration (it sends calls to the newest instance it registered)."""
-        problem = self.problem()
-        if problem is None and not self._registered.is_set():
-            return "not registered with the kubelet yet"
-        return problem
-
-    def start_publishing(self) -> None:
-        self.publisher.start(self._stop)
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """The node-wide lock, held exclusively: for the driver's start-up recovery.
-
-        Recovery rolls back PrepareStarted records and sweeps temp files: in a rolling update,
-        the other instance's call in progress looks exactly like a crash's leftovers. Under
-        this lock (``held``: not shared with this instance's calls, unlike ``NodeCallLock``) it
-        only ever sees what a finished call left.
-        """
-        self._settings.plugin_data_dir.mkdir(parents=True, exist_ok=True)
-        with call_lock.held(self._paths.lock):
-            yield
-
-    def serve(self, driver: Driver) -> None:
-        """Serve ``driver`` to the kubelet: DRA server, then registration, then /healthz."""
-        self._settings.plugin_data_dir.mkdir(parents=True, exist_ok=True)
-        self._dra_server = self._start_dra_server(driver)
-        self._reg_server = self._start_registration_server()
-        self._serving = True
-        if self._settings.healthz_port is not None:
-            self._healthz = healthz.HealthzServer(
-                address=self._settings.healthz_address,
-                port=self._settings.healthz_port,
-                live=self.problem,
-                ready=self.not_ready,
-            )
-            self._healthz.start()
-
-    def _serve(self, methods: list[Method], path: Path, *, workers: int, name: str) -> RpcServer:
-        """Serve ``methods`` (and grpc.health.v1) on the unix socket ``path``."""
-        methods = methods + grpc_health.methods(lambda: self.problem() is None)
-        server: RpcServer
-        if self._settings.grpc_server == "grpcio":
-            # Imported only when chosen: grpc costs ~17 MiB of memory.
-            from dra_gpu.kubeletplugin import grpcio_server
-
-            server = grpcio_server.GrpcioServer(methods, max_workers=workers, name=name)
-        else:
-            server = rpcserver.Server(methods, max_workers=workers, name=name)
-        temporary = sockets.listen_private(path, server.add_address)
-        server.start()
-        sockets.publish(temporary, path)
-        log.info("listening on %s (%s gRPC server)", path, self._settings.grpc_server)
-        return server
-
-    def _start_dra_server(self, driver: Driver) -> RpcServer:
-        methods = dra_service.methods(driver) + device_health.methods(self.health)
-        return self._serve(methods, self._paths.dra, workers=16, name="dra")
-
-    def _start_registration_server(self) -> RpcServer:
-        service = registration.Registration(
-            driver_name=self._settings.driver_name,
-            dra_endpoint=self._paths.dra,
-            on_registered=self._registered.set,
+        """A new inventory, or new faults (``health_monitor`` calls this whenever either
+        changes): ``taints`` and ``faults`` by device name; ``in_use`` as in ``set_inventory``."""
+        self.set_inventory(
+            renderer(self._settings, devices, taints),
+            [d.name for d in devices],
+            in_use=in_use,
+            faults=faults,
         )
-        return self._serve(service.methods(), self._paths.registration, workers=2, name="reg")
-
-    def stop(self) -> None:
-        """Remove our sockets and stop serving; safe to call more than once."""
-        self._serving = False
-        sockets.remove(self._paths.registration)
-        if self._reg_server is not None:
-            self._reg_server.stop(grace=1.0)
-        self.health.close()
-        if self._dra_server is not None:
-            self._dra_server.stop(grace=DRA_GRACE_S)
-        sockets.remove(self._paths.dra)
-        self._stop.set()
-        if self._healthz is not None:
-            self._healthz.stop()
-        log.info("stopped; sockets removed")

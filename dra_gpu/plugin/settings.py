@@ -36,7 +36,7 @@ DEFAULT_IDLE_AFTER_S = 1800.0
 DEFAULT_IDLE_THRESHOLD = 0.01
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-POD_UID_PATTERN = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]{0,62}$")
+POD_UID_PATTERN = sockets.POD_UID_PATTERN
 
 # (flag dest, environment variable). The flags' defaults are None so that "not given" is visible.
 ENV_VARS: Mapping[str, str] = {
@@ -66,20 +66,18 @@ ENV_VARS: Mapping[str, str] = {
     "idle_threshold": "IDLE_THRESHOLD",
 }
 MIG_MODES = ("static", "dynamic")
-GRPC_SERVERS = ("builtin", "grpcio")
+# --grpc-server / GRPC_SERVER picked between two gRPC servers; grpcio is now the only one. A
+# DaemonSet made by an older chart with kubeletPlugin.grpcServer=grpcio still passes
+# GRPC_SERVER=grpcio when only its image is updated, so that value is accepted (and ignored,
+# with a warning) rather than stopping the plugin on every node; "builtin", which that chart
+# never rendered, was set by hand and asks for a server that is gone: refused.
+REMOVED_GRPC_SERVER = (
+    "--grpc-server / GRPC_SERVER was removed: grpcio always serves the plugin's gRPC sockets"
+)
 
 
 class SettingsError(UserError, ValueError):
     """A flag or environment variable has a value the plugin cannot run with."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SocketPaths:
-    """Where this instance listens and which file serializes calls across instances."""
-
-    registration: Path
-    dra: Path
-    lock: Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +107,8 @@ class Settings:
     mps_support: bool = False
     # "dynamic": MIG devices are created by prepare (docs/dynamic-mig.md); "static": as found.
     mig_mode: str = "static"
-    # What serves the plugin's gRPC sockets: "builtin" (kubeletplugin.rpcserver) or "grpcio".
-    grpc_server: str = "builtin"
+    # Warnings about the settings (a removed setting given), logged once logging is set up.
+    warnings: tuple[str, ...] = ()
     # GPU telemetry (plugin.telemetry), with the metrics endpoint only: seconds between passes
     # (None: off), how long a claim stays idle before its GpuIdle Event (None: never), and the
     # utilization under which a device counts as idle.
@@ -222,8 +220,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--grpc-server",
         "grpc_server",
-        "what serves the plugin's gRPC sockets: builtin (a small HTTP/2 server, less memory and "
-        "CPU) or grpcio (the gRPC project's server) (default builtin)",
+        "removed: grpcio always serves the gRPC sockets; 'grpcio' is still accepted (with a "
+        "warning), any other value is an error",
     )
     add(
         "--telemetry-interval",
@@ -361,9 +359,12 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     mig_mode = pick("mig_mode") or "static"
     if mig_mode not in MIG_MODES:
         raise SettingsError(f"MIG mode must be static or dynamic, got {mig_mode!r}")
-    grpc_server = pick("grpc_server") or "builtin"
-    if grpc_server not in GRPC_SERVERS:
-        raise SettingsError(f"gRPC server must be builtin or grpcio, got {grpc_server!r}")
+    warnings: list[str] = []
+    grpc_server = pick("grpc_server")
+    if grpc_server == "grpcio":
+        warnings.append(f"{REMOVED_GRPC_SERVER}; remove the setting (it is ignored)")
+    elif grpc_server is not None:
+        raise SettingsError(f"{REMOVED_GRPC_SERVER}; remove the setting (got {grpc_server!r})")
     settings = Settings(
         node_name=node_name,
         driver_name=driver,
@@ -387,7 +388,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         time_slicing_settings=_switch(pick("time_slicing_settings"), "--time-slicing-settings"),
         mps_support=_switch(pick("mps_support"), "--mps-support"),
         mig_mode=mig_mode,
-        grpc_server=grpc_server,
+        warnings=tuple(warnings),
         telemetry_interval_s=_seconds(
             pick("telemetry_interval"), DEFAULT_TELEMETRY_INTERVAL_S, "--telemetry-interval"
         ),
@@ -400,19 +401,16 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     return settings
 
 
-def socket_paths(settings: Settings) -> SocketPaths:
-    """Socket names: defaults, or per-instance names in rolling-update mode.
+def socket_paths(settings: Settings) -> sockets.SocketPaths:
+    """This instance's sockets (``sockets.socket_paths``)."""
+    return instance_socket_paths(settings, settings.pod_uid)
 
-    The kubelet tells instances apart by their registration socket; the newest one it connected
-    to gets the calls. The lock file is shared by all instances of the driver on the node.
-    """
-    driver = settings.driver_name
-    if settings.pod_uid is None:
-        reg_name, dra_name = f"{driver}-reg.sock", "dra.sock"
-    else:
-        reg_name, dra_name = f"{driver}-{settings.pod_uid}-reg.sock", f"dra-{settings.pod_uid}.sock"
-    return SocketPaths(
-        registration=settings.plugin_registry_dir / reg_name,
-        dra=settings.plugin_data_dir / dra_name,
-        lock=settings.plugin_data_dir / "calls.lock",
+
+def instance_socket_paths(settings: Settings, pod_uid: str | None) -> sockets.SocketPaths:
+    """The sockets of the instance with ``pod_uid`` (None: the only instance) on this node."""
+    return sockets.socket_paths(
+        driver_name=settings.driver_name,
+        registry_dir=settings.plugin_registry_dir,
+        data_dir=settings.plugin_data_dir,
+        pod_uid=pod_uid,
     )

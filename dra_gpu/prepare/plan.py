@@ -9,17 +9,17 @@ Checks: the claim's UID is the one the kubelet asked for (a deleted and re-creat
 same name but a new UID); it is allocated; it has results for this driver, all from this node's
 pool; every allocated device exists here.
 
-Configuration: ``status.allocation.devices.config`` holds the DeviceClass configs
-(``source: FromClass``) and the claim's own (``FromClaim``). Configs of other drivers are
-skipped. Every config of this driver is parsed strictly, whether or not it applies to a device
-here, exactly as the admission webhook does (same parser), so the two never disagree. For each
-device, the configs whose ``requests`` are empty or name the device's request apply, class
-configs first, each in listed order; the last one wins (NVIDIA's rule, exactly). A config that
-names no requests applies to the whole claim, so on a device of the other type
-(``GpuConfig`` for a full GPU, ``MigDeviceConfig`` for a MIG device) it is passed over: a claim
-holding a full GPU and a MIG device may carry one claim-wide ``GpuConfig``, and the MIG device
-gets its default. The winning config must fit the device type when it names the device's
-request; otherwise it is an error. No config: the type's default. The winner is normalized.
+Configuration: the DeviceClass configs from ``status.allocation.devices.config`` (``source:
+FromClass``), then the claim's own from ``spec.devices.config`` (``FromClaim``; the allocation's
+copies of them come without their ``requests`` from the Kubernetes 1.37.2 scheduler), numbered
+as listed there. Configs of other drivers are skipped. Every config of this driver is parsed
+strictly, whether or not it applies to a device here, exactly as the admission webhook does
+(same parser), so the two never disagree. A claim's config that names a request the claim does
+not have is an error. For each device, class configs first, then the claim's, each in listed
+order, :func:`dra_gpu.config.scope.winner` picks the config (the webhook uses the same
+function): the last that applies and fits the device type;
+a claim-wide one of the other type is passed over, one of the other type that names the
+device's request is an error. No config: the type's default. The winner is normalized.
 """
 
 from __future__ import annotations
@@ -30,17 +30,17 @@ from dataclasses import dataclass, replace
 from dra_gpu.config import (
     ConfigError,
     DeviceConfig,
-    GpuConfig,
-    MigDeviceConfig,
     default_gpu_config,
     default_mig_device_config,
     normalized,
     parse_opaque_config,
 )
+from dra_gpu.config.scope import MismatchError, Scoped, main_request, unknown_requests, winner
 from dra_gpu.devices.model import Device
 from dra_gpu.errors import UserError
 from dra_gpu.kube.objects import (
     AllocationResult,
+    DeviceClaimConfiguration,
     DeviceRequestAllocationResult,
     ResourceClaim,
 )
@@ -73,15 +73,8 @@ class ClaimPlan:
 
 
 @dataclass(frozen=True)
-class _Config:
-    where: str  # "config[2] (FromClaim)", for messages
-    source: str
-    requests: tuple[str, ...]
-    config: DeviceConfig
-
-
-def _base_request(request: str) -> str:
-    return request.split("/", 1)[0]
+class _Config(Scoped):
+    source: str = ""
 
 
 def _check_identity(ref: ClaimRef, claim: ResourceClaim) -> AllocationResult:
@@ -117,14 +110,34 @@ def _our_results(
     return ours
 
 
-def _our_configs(ref: ClaimRef, allocation: AllocationResult, *, driver: str) -> list[_Config]:
-    raw = (allocation.get("devices") or {}).get("config") or ()
+def _config_entries(
+    claim: ResourceClaim, allocation: AllocationResult
+) -> list[tuple[int, str, DeviceClaimConfiguration]]:
+    """(index, source, entry) of every config: the class configs from the allocation, the
+    claim's own from its spec, where it has one. The scheduler copies the claim's configs into
+    the allocation, but the 1.37.2 scheduler writes them without their ``requests``: read there, a
+    MigDeviceConfig the user named a full GPU's request for looked claim-wide and was passed
+    over for the default. A claim's spec cannot change, so it is the same config, as written."""
+    allocated = (allocation.get("devices") or {}).get("config") or ()
+    devices = (claim.get("spec") or {}).get("devices")
+    entries: list[tuple[int, str, DeviceClaimConfiguration]] = []
+    for index, entry in enumerate(allocated):
+        source = str(entry.get("source", ""))
+        if devices is None or source != "FromClaim":
+            entries.append((index, source, entry))
+    if devices is not None:
+        entries += [(i, "FromClaim", e) for i, e in enumerate(devices.get("config") or ())]
+    return entries
+
+
+def _our_configs(
+    ref: ClaimRef, claim: ResourceClaim, allocation: AllocationResult, *, driver: str
+) -> list[_Config]:
     configs = []
-    for index, entry in enumerate(raw):
+    for index, source, entry in _config_entries(claim, allocation):
         opaque = entry.get("opaque")
         if not opaque or opaque.get("driver") != driver:
             continue
-        source = str(entry.get("source", ""))
         where = f"config[{index}] ({source or 'unknown source'})"
         try:
             parsed = parse_opaque_config(opaque.get("parameters"))
@@ -142,34 +155,36 @@ def _our_configs(ref: ClaimRef, allocation: AllocationResult, *, driver: str) ->
     return sorted(configs, key=lambda c: 0 if c.source == "FromClass" else 1)
 
 
-def _applies(config: _Config, request: str) -> bool:
-    return (
-        not config.requests
-        or request in config.requests
-        or _base_request(request) in (config.requests)
-    )
+def _check_named_requests(ref: ClaimRef, claim: ResourceClaim, configs: Sequence[_Config]) -> None:
+    """A claim's config names only requests of the claim (``req`` or ``req/sub``)."""
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    if not requests:
+        return  # a claim written by hand (a file): nothing to check against
+    known = {
+        str(r.get("name")): [str(s.get("name")) for s in r.get("firstAvailable") or ()]
+        for r in requests
+    }
+    for config in configs:
+        if config.source == "FromClass":
+            continue  # the scheduler names the class's requests itself
+        if unknown := unknown_requests(config.requests, known):
+            raise PlanError(
+                f"claim {ref}: {config.where}: names request "
+                f"{', '.join(repr(u) for u in unknown)}, which the claim does not have "
+                f"(its requests: {', '.join(sorted(known))})"
+            )
 
 
 def resolve_config(
     ref: ClaimRef, configs: Sequence[_Config], *, request: str, device: Device
 ) -> DeviceConfig:
     """The normalized config for one device; raises PlanError."""
-    wanted = GpuConfig if device.type == "gpu" else MigDeviceConfig
-    # The last applicable config wins, so look from the end, as NVIDIA's driver does.
-    for config in reversed(configs):
-        if not _applies(config, request):
-            continue
-        if isinstance(config.config, wanted):
-            return normalized(config.config)
-        if not config.requests:
-            continue  # claim-wide: meant for the claim's devices of the other type
-        raise PlanError(
-            f"claim {ref}: {config.where}: a {config.config.kind} cannot configure "
-            f"{device.name}, which is "
-            f"a {'full GPU' if device.type == 'gpu' else 'MIG device'} "
-            f"(use {wanted.__name__}, or name only requests for "
-            f"{'MIG devices' if wanted is GpuConfig else 'full GPUs'} in this config)"
-        )
+    try:
+        found = winner(configs, request=request, device_type=device.type, device=device.name)
+    except MismatchError as exc:
+        raise PlanError(f"claim {ref}: {exc}") from exc
+    if found is not None:
+        return normalized(found.config)
     return normalized(default_gpu_config() if device.type == "gpu" else default_mig_device_config())
 
 
@@ -201,7 +216,8 @@ def plan_claim(
     """What to prepare for ``claim`` on this node; raises PlanError naming the problem."""
     allocation = _check_identity(ref, claim)
     results = _our_results(ref, allocation, driver=driver, pool=pool)
-    configs = _our_configs(ref, allocation, driver=driver)
+    configs = _our_configs(ref, claim, allocation, driver=driver)
+    _check_named_requests(ref, claim, configs)
     by_device: dict[str, PlannedDevice] = {}
     for result in results:
         name = str(result.get("device"))
@@ -217,12 +233,12 @@ def plan_claim(
                     f"claim {ref}: device {name} is allocated for several requests "
                     "with different configs"
                 )
-            requests = (*previous.requests, _base_request(request))
+            requests = (*previous.requests, main_request(request))
             by_device[name] = replace(previous, requests=tuple(dict.fromkeys(requests)))
             continue
         share_id = result.get("shareID")
         by_device[name] = PlannedDevice(
-            requests=(_base_request(request),),
+            requests=(main_request(request),),
             pool=pool,
             share_id=str(share_id) if share_id else None,
             admin_access=bool(result.get("adminAccess")),

@@ -5,5 +5,6 @@
 what the processes are started with.
 """
 
+from e2e.cluster.control_plane import SIMULATED_TOLERATION as SIMULATED_TOLERATION
 from e2e.cluster.control_plane import Cluster as Cluster
 from e2e.cluster.control_plane import ClusterError as ClusterError

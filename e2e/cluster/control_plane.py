@@ -19,6 +19,11 @@ Invariants:
   the same port with the same certificates, so kubeconfigs and clients stay valid.
 - Simulated nodes (``register_node``) get a Lease renewed every 10 s by a daemon thread, so the
   node-lifecycle controller never taints them unreachable, however long a session runs.
+- A simulated node has no kubelet: no pod placed there ever starts, and none is ever confirmed
+  gone. So it carries the NoSchedule taint ``SIMULATED_TAINT``, which only the project's own pods
+  meant for it tolerate (``SIMULATED_TOLERATION``), and the same thread stands in for the kubelet
+  at deletion: a pod bound to a simulated node that is being deleted is removed at once, so
+  deleting its namespace never waits for ever.
 """
 
 from __future__ import annotations
@@ -47,6 +52,18 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
 LEASE_RENEW_S = 10.0
+# The taint of a node without a kubelet, and what a pod meant for one carries.
+SIMULATED_TAINT_KEY = "dra-gpu.test/no-kubelet"
+SIMULATED_TAINT: Mapping[str, str] = {
+    "key": SIMULATED_TAINT_KEY,
+    "value": "true",
+    "effect": "NoSchedule",
+}
+SIMULATED_TOLERATION: Mapping[str, str] = {
+    "key": SIMULATED_TAINT_KEY,
+    "operator": "Exists",
+    "effect": "NoSchedule",
+}
 LOG_TAIL_LINES = 40
 
 
@@ -59,7 +76,8 @@ def _stderr(line: str) -> None:
 
 
 def node_manifest(name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A Node object as a kubelet would register it (labels, capacity; status set separately)."""
+    """A Node object as a kubelet would register it (labels, capacity; status set separately),
+    with the taint that keeps pods not meant for a node without a kubelet away."""
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -72,7 +90,7 @@ def node_manifest(name: str, labels: Mapping[str, str] | None = None) -> dict[st
                 **(labels or {}),
             },
         },
-        "spec": {},
+        "spec": {"taints": [dict(SIMULATED_TAINT)]},
     }
 
 
@@ -332,7 +350,8 @@ class Cluster:
     # ----- objects ------------------------------------------------------------------------
 
     def register_node(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-        """Create (or relabel) a Ready Node for a simulated node; returns the Node as a dict."""
+        """Create (or relabel) a Ready Node for a simulated node, tainted ``SIMULATED_TAINT``;
+        returns the Node as a dict."""
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
@@ -344,7 +363,8 @@ class Cluster:
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            core.patch_node(name, {"metadata": {"labels": labels or {}}}, _request_timeout=30)
+            patch = {"metadata": {"labels": labels or {}}, "spec": manifest["spec"]}
+            core.patch_node(name, patch, _request_timeout=30)
         now = datetime.datetime.now(datetime.UTC)
         node = core.patch_node_status(name, node_status(now), _request_timeout=30)
         self._renew_lease(name, now)
@@ -490,3 +510,28 @@ class Cluster:
                 # The API server may be stopped on purpose (stop_apiserver): keep trying.
                 with contextlib.suppress(Exception):
                     self._renew_lease(name, datetime.datetime.now(datetime.UTC))
+                with contextlib.suppress(Exception):
+                    self._remove_deleted_pods(name)
+
+    def _remove_deleted_pods(self, node: str) -> None:
+        """What the kubelet would confirm: pods on ``node`` being deleted are gone (grace 0)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        api = self._admin()
+        core = client.CoreV1Api(api)
+        listed = core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _request_timeout=5
+        )
+        pods: list[dict[str, Any]] = api.sanitize_for_serialization(listed)["items"]
+        for pod in pods:
+            meta = pod["metadata"]
+            if not meta.get("deletionTimestamp"):
+                continue
+            try:
+                core.delete_namespaced_pod(
+                    meta["name"], meta["namespace"], grace_period_seconds=0, _request_timeout=5
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise

@@ -4,7 +4,8 @@ That node's H100s have MIG on and no MIG devices; its plugin runs with ``--mig-m
 so the scheduler allocates one of the published placements and prepare creates the MIG device:
 the table's row shows the created device's UUID (``MIG-…``) as the container would get it. The
 example is not one of ``e2e/scenarios/`` (the node suite runs those on nodes without dynamic
-MIG), and its pod is pinned to the dynamic node, which is always simulated.
+MIG), and its pod is pinned to the dynamic node: a real node like the others, whose container's
+report is read from its log, or, where real nodes cannot start, a simulated one.
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ def manifests(node: str) -> list[dict[str, Any]]:
 def apply(kube: Kube) -> tuple[str, str]:
     """Create the example; (namespace, pod name) to observe."""
     kube.create_namespace(NAMESPACE)
-    for doc in manifests(DYNAMIC_MIG_NODE[0]):
+    for doc in manifests(DYNAMIC_MIG_NODE):
         kube.create(NAMESPACE, doc)
     return NAMESPACE, POD
 
 
 def with_created(rows: Sequence[Row], state: DemoState) -> list[Row]:
     """``rows`` with the MIG devices the dynamic node's plugin created added to what was seen."""
-    node = next(n for n in state.nodes if n.name == DYNAMIC_MIG_NODE[0])
+    node = next(n for n in state.nodes if n.name == DYNAMIC_MIG_NODE)
     path = Path(node.state_dir) / SIMULATED_STATE_NAME
     made: dict[str, list[dict[str, Any]]] = json.loads(path.read_text()) if path.exists() else {}
     created = [

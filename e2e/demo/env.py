@@ -1,20 +1,21 @@
-"""The demo's environment: a local cluster with the driver on two GPU nodes, kept up in background.
+"""The demo's environment: the driver on three GPU nodes of a local cluster, kept up in background.
 
 ``python -m e2e.demo`` starts ``python -m e2e.demo _serve`` as a detached supervisor (its own
 session) that owns everything and tears it down on SIGTERM (``python -m e2e.demo down``):
 
 1. the control plane (``e2e.cluster.Cluster``; Kubernetes binaries are built the first time);
-2. two GPU nodes, ``demo-h200`` (profile ``h200x8``: 8 full H200) and ``demo-a100`` (profile
-   ``a100x4-mig``: A100s with MIG devices). Each is a *real* node (kubelet + containerd + runc
-   from ``e2e.node``, so pods really run) when that works on this machine, else a *simulated*
-   node: a Node object without a kubelet, whose Lease the supervisor keeps renewing.
-   ``demo-h200``'s plugin sets time-slice intervals (``--time-slicing-settings=true``). A third
-   node, ``demo-h100-dyn`` (profile ``h100x8-mig``, ``--mig-mode=dynamic``: MIG devices are
-   created for claims), is always simulated;
+2. three GPU nodes, ``demo-h200`` (profile ``h200x8``: 8 full H200), ``demo-a100`` (profile
+   ``a100x4-mig``: A100s with MIG devices) and ``demo-h100-dyn`` (profile ``h100x8-mig``, with
+   ``--mig-mode=dynamic``: H100s with MIG on and no MIG devices, created for claims). Each is a
+   *real* node (kubelet + containerd + runc from ``e2e.node``, so pods really run) when that
+   works on this machine, else a *simulated* node: a Node object without a kubelet, whose Lease
+   the supervisor keeps renewing, tainted so that only the demo's own pods go there, and whose
+   pods are removed at once when deleted (``e2e.cluster``: no kubelet would ever confirm it).
+   ``demo-h200``'s plugin sets time-slice intervals (``--time-slicing-settings=true``);
 3. one kubelet plugin per node (simulated GPUs) and the controller, as processes: the controller
    keeps the DeviceClasses applied and serves the admission webhook, which the chart's own
    ValidatingWebhookConfiguration (rendered with helm, by URL instead of Service) registers;
-4. it waits until both nodes' ResourceSlices and the DeviceClasses are in the API and the API
+4. it waits until every node's ResourceSlices and the DeviceClasses are in the API and the API
    server refuses a bad claim through the webhook, then writes ``<cache>/demo/state.json``: the
    supervisor's pid, the kubeconfig, and per node whether it is real and where its plugin's DRA
    socket and CDI directory are.
@@ -54,15 +55,16 @@ from e2e.suite.kube import Kube
 if TYPE_CHECKING:
     from e2e.node.kubelet_node import Node
 
-NODE_PROFILES = {"demo-h200": "h200x8", "demo-a100": "a100x4-mig"}
-# A third node, always simulated, whose H100s (MIG on, no MIG devices) use dynamic MIG: claims
-# get MIG devices created for them (docs/dynamic-mig.md).
-DYNAMIC_MIG_NODE = ("demo-h100-dyn", "h100x8-mig")
-DYNAMIC_MIG_FLAGS = ("--mig-mode", "dynamic")
 # demo-h200's plugin applies time-slice intervals to its GPUs (off by default, docs/sharing.md):
 # its simulated GPUs record the nvidia-smi commands, which the sharing example shows.
 SHARING_NODE = "demo-h200"
 SHARING_FLAGS = ("--time-slicing-settings", "true")
+# demo-h100-dyn's H100s (MIG on, no MIG devices) use dynamic MIG: claims get MIG devices created
+# for them (docs/dynamic-mig.md).
+DYNAMIC_MIG_NODE = "demo-h100-dyn"
+DYNAMIC_MIG_FLAGS = ("--mig-mode", "dynamic")
+NODE_PROFILES = {"demo-h200": "h200x8", "demo-a100": "a100x4-mig", DYNAMIC_MIG_NODE: "h100x8-mig"}
+NODE_FLAGS = {SHARING_NODE: SHARING_FLAGS, DYNAMIC_MIG_NODE: DYNAMIC_MIG_FLAGS}
 # Simulated nodes carry the label GPU Feature Discovery puts on real GPU nodes.
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 REAL_NODE_LABEL = ("dra-gpu.test/real-node", "true")
@@ -93,6 +95,7 @@ class NodeInfo:
     plugin_log: str
     note: str = ""  # why a node is simulated, when a real one was wanted
     note_log: str = ""  # the log that tells more, when a real node failed
+    on_purpose: bool = False  # simulated because real nodes were turned off, not for a failure
     state_dir: str = ""  # the plugin's state directory (its health command file is there)
 
 
@@ -172,16 +175,16 @@ class Environment:
             "unavailable": "real nodes need root on Linux",
         }.get(mode, "")
         note_log = ""
+        on_purpose = mode == "no"
         for name, profile in NODE_PROFILES.items():
             real = False
-            extra = SHARING_FLAGS if name == SHARING_NODE else ()
+            extra = NODE_FLAGS.get(name, ())
             if mode in ("auto", "yes") and not note:
                 real, note = self._try_real_node(name, profile, required=mode == "yes", extra=extra)
                 # The supervisor's log has the failed node's own log tails.
                 note_log = "" if real else str(supervisor_log())
             if not real:
-                self._simulated_node(name, profile, note, note_log, extra=extra)
-        self._simulated_node(*DYNAMIC_MIG_NODE, "", "", extra=DYNAMIC_MIG_FLAGS)
+                self._simulated_node(name, profile, note, note_log, on_purpose, extra=extra)
         self._wait_published()
         self._register_webhook()
 
@@ -211,7 +214,13 @@ class Environment:
         return True, ""
 
     def _simulated_node(
-        self, name: str, profile: str, note: str, note_log: str, extra: tuple[str, ...] = ()
+        self,
+        name: str,
+        profile: str,
+        note: str,
+        note_log: str,
+        on_purpose: bool,
+        extra: tuple[str, ...] = (),
     ) -> None:
         _say(f"[demo] registering simulated node {name} (profile {profile}, no kubelet)")
         self.cluster.register_node(name, labels=dict(GPU_NODE_LABELS))
@@ -223,7 +232,9 @@ class Environment:
             healthz_port=_free_port(),
             extra=extra,
         )
-        self._add_plugin(name, profile, plugin, real=False, note=note, note_log=note_log)
+        self._add_plugin(
+            name, profile, plugin, real=False, note=note, note_log=note_log, on_purpose=on_purpose
+        )
 
     def _add_plugin(
         self,
@@ -234,6 +245,7 @@ class Environment:
         real: bool,
         note: str = "",
         note_log: str = "",
+        on_purpose: bool = False,
     ) -> None:
         self.plugins[name] = plugin
         self.infos.append(
@@ -246,6 +258,7 @@ class Environment:
                 plugin_log=str(plugin.log_path),
                 note=note,
                 note_log=note_log,
+                on_purpose=on_purpose,
                 state_dir=str(plugin.dirs.state),
             )
         )

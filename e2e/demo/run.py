@@ -3,7 +3,7 @@
 ``python -m e2e.demo`` (what ``make demo`` runs):
 
 1. stops a demo left running, then starts the environment in the background (``e2e.demo.env``:
-   control plane, two GPU nodes, a kubelet plugin per node, the controller with its admission
+   control plane, three GPU nodes, a kubelet plugin per node, the controller with its admission
    webhook), showing its progress; the first run builds the Kubernetes binaries (and, with real
    nodes, containerd and runc);
 2. applies example claims and pods from ``e2e/scenarios/`` (one namespace each); an example the
@@ -15,8 +15,9 @@
    (``e2e.demo.sharing``: the ``nvidia-smi`` commands recorded at prepare, and after its pod is
    deleted the reset);
 4. prints the table pod → claim → node → device → what the container saw, and how to explore
-   and tear down. When the nodes are simulated (no container ran), the table's heading and the
-   last lines say so, why, and which log tells more. Everything stays up until
+   and tear down. When a real node did not start, the table's heading and the last lines say so,
+   why, and which log tells more; nodes simulated on purpose are named in one last line.
+   Everything stays up until
    ``python -m e2e.demo down``.
 
 ``python -m e2e.demo status`` prints the running demo's kubeconfig and nodes.
@@ -35,6 +36,7 @@ from typing import Any
 from kubernetes.client import ApiException
 
 from e2e import supervisor
+from e2e.cluster import SIMULATED_TOLERATION
 from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
 from e2e.demo import sharing as demo_sharing
@@ -45,7 +47,7 @@ from e2e.suite.views import LogIncomplete, extended_requests, parse_report
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS_DIR = REPO_ROOT / "e2e" / "scenarios"
-# Shown in this order; together they fit the two nodes' GPUs (8 H200, A100s with MIG). The last
+# Shown in this order; together they fit the nodes' GPUs (8 H200, A100s with MIG, H100s). The last
 # is bad input: the admission webhook refuses it.
 DEMO_SCENARIOS = (
     "one-gpu",
@@ -107,10 +109,15 @@ def apply_scenarios(kube: Kube, state: DemoState) -> list[tuple[str, str] | demo
         kube.create_namespace(namespace)
         docs = load_manifests(SCENARIOS_DIR / name)
         for i, doc in enumerate(docs):
-            if doc["kind"] == "Pod" and real:
-                # Real containers only run on real nodes: keep the pods off simulated ones.
-                selector = dict([demo_env.REAL_NODE_LABEL])
-                doc = {**doc, "spec": {**doc["spec"], "nodeSelector": selector}}
+            if doc["kind"] == "Pod":
+                # Real containers only run on real nodes: keep the pods off simulated ones, or,
+                # with none real, let them go to the simulated ones (tainted for anyone else).
+                placement = (
+                    {"nodeSelector": dict([demo_env.REAL_NODE_LABEL])}
+                    if real
+                    else {"tolerations": [dict(SIMULATED_TOLERATION)]}
+                )
+                doc = {**doc, "spec": {**doc["spec"], **placement}}
             try:
                 kube.create(namespace, doc)
             except ApiException as exc:
@@ -268,16 +275,23 @@ def explore_text(state: DemoState) -> str:
 
 
 def result_text(state: DemoState, rows: Sequence[demo_view.Row]) -> str:
-    """What the demo ends with: the heading, the table, how to explore; when no container ran,
-    the heading starts with why, and the last lines say it again (the table and the build output
-    above may have scrolled the heading away)."""
-    simulated = [n for n in state.nodes if not n.real]
-    notes, logs = [n.note for n in simulated], [n.note_log for n in simulated]
+    """What the demo ends with: the heading, the table, how to explore; when a real node did not
+    start, the heading starts with why, and the last lines say it again (the table and the build
+    output above may have scrolled the heading away). Nodes simulated on purpose are named in
+    one last line, with why, and no warning."""
+    simulated = [
+        demo_view.Simulated(n.name, n.note, n.note_log, on_purpose=n.on_purpose)
+        for n in state.nodes
+        if not n.real
+    ]
     some_real = len(simulated) < len(state.nodes)
-    notice = demo_view.fallback_notice(notes, logs, some_real=some_real)
-    head = demo_view.heading(notes, logs, some_real=some_real)
+    head = demo_view.heading(simulated, some_real=some_real)
+    last = [
+        *demo_view.on_purpose_line(simulated),
+        *demo_view.fallback_notice(simulated, some_real=some_real),
+    ]
     parts = [head, demo_view.render_table(rows), explore_text(state)]
-    return "\n".join(parts + (["", *notice] if notice else []))
+    return "\n".join(parts + (["", *last] if last else []))
 
 
 def _health_text(state: DemoState) -> list[str]:

@@ -25,6 +25,7 @@ import grpc
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_gpu.prepare.sharing.applied import recording_path
 from e2e import kubelet_calls
+from e2e.cluster import SIMULATED_TOLERATION
 from e2e.demo import view as demo_view
 from e2e.demo.env import SHARING_NODE, DemoState, NodeInfo
 from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
@@ -43,10 +44,12 @@ class Example:
 
 
 def manifests(node: str) -> list[dict[str, Any]]:
-    """The scenario's claim template and pod, the pod pinned to ``node``."""
-    pinned = {"kubernetes.io/hostname": node}
+    """The scenario's claim template and pod, the pod pinned to ``node`` (which may be a
+    simulated one: the pod tolerates its taint)."""
+    pinned = {"nodeSelector": {"kubernetes.io/hostname": node}}
+    tolerate = {"tolerations": [dict(SIMULATED_TOLERATION)]}
     return [
-        {**doc, "spec": {**doc["spec"], "nodeSelector": pinned}} if doc["kind"] == "Pod" else doc
+        {**doc, "spec": {**doc["spec"], **pinned, **tolerate}} if doc["kind"] == "Pod" else doc
         for doc in load_manifests(SCENARIOS_DIR / SCENARIO)
     ]
 

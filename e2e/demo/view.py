@@ -132,38 +132,56 @@ def refused_rows(
     return [Row(f"{scenario}/{pod}", name, "-", "-", saw, "admission") for pod in pods]
 
 
-def fallback_notice(notes: Sequence[str], logs: Sequence[str], *, some_real: bool) -> list[str]:
-    """What to say when nodes are simulated: ``notes`` says why each is, ``logs`` where to read
+@dataclass(frozen=True)
+class Simulated:
+    """A demo node without a kubelet: ``reason`` says why, ``log`` where to read more (when a
+    real node failed); ``on_purpose``: asked for (real nodes turned off), nothing failed."""
+
+    node: str
+    reason: str
+    log: str = ""
+    on_purpose: bool = False
+
+
+def fallback_notice(simulated: Sequence[Simulated], *, some_real: bool) -> list[str]:
+    """The warning when a real node was wanted and did not start: why, and the log that says
     more; ``some_real``: the other nodes are real (the pods run there only). Nothing when every
-    node is real."""
-    if not notes:
+    node is real or simulated on purpose."""
+    failed = [s for s in simulated if not s.on_purpose]
+    if not failed:
         return []
-    reasons = "; ".join(dict.fromkeys(n for n in notes if n)) or "simulated nodes"
+    reasons = "; ".join(dict.fromkeys(s.reason or f"node {s.node} did not start" for s in failed))
     head = "SOME NODES ARE SIMULATED" if some_real else "NO CONTAINER RAN"
     return [
         f"{head}: {reasons}.",
-        *(f"  See why: less {log}" for log in dict.fromkeys(g for g in logs if g)),
+        *(f"  See why: less {log}" for log in dict.fromkeys(s.log for s in failed if s.log)),
     ]
 
 
-def heading(notes: Sequence[str], logs: Sequence[str], *, some_real: bool) -> str:
-    """The line(s) above the table: where "what the container saw" comes from."""
-    notice = fallback_notice(notes, logs, some_real=some_real)
-    if some_real or not notice:
-        return "\n".join(
-            [
-                *notice,
-                "Pods on real nodes (kubelet + containerd); each container's report read from its "
-                "log:",
-            ]
-        )
-    return "\n".join(
-        [
-            *notice,
+def on_purpose_line(simulated: Sequence[Simulated]) -> list[str]:
+    """One line naming the nodes simulated on purpose and why; none when there are none."""
+    chosen = [s for s in simulated if s.on_purpose]
+    if not chosen:
+        return []
+    reasons = "; ".join(dict.fromkeys(s.reason for s in chosen if s.reason))
+    names = ", ".join(s.node for s in chosen)
+    return [f"Simulated on purpose (no kubelet): {names}" + (f", {reasons}." if reasons else ".")]
+
+
+def heading(simulated: Sequence[Simulated], *, some_real: bool) -> str:
+    """The line(s) above the table: a failure's warning, then where "what the container saw"
+    comes from."""
+    notice = fallback_notice(simulated, some_real=some_real)
+    if some_real:
+        source = [
+            "Pods on real nodes (kubelet + containerd); each container's report read from its log:"
+        ]
+    else:
+        source = [
             "Pods on simulated nodes (no kubelet): what each container would see, from the CDI",
             "edits of the devices NodePrepareResources returned:",
         ]
-    )
+    return "\n".join([*notice, *source])
 
 
 def render_table(rows: Sequence[Row]) -> str:

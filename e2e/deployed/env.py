@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,6 +76,22 @@ def api_address(workdir: Path) -> str:
     return f"198.19.{digest[0]}.{1 + digest[1] % 254}"
 
 
+def _digest(workdir: Path) -> str:
+    return hashlib.sha256(str(workdir).encode()).hexdigest()[:6]
+
+
+def nodes_root(workdir: Path) -> Path:
+    """Where the kit's nodes have their roots, ``node_root`` each. The kubelet plugin's
+    registration socket is <kubeletDir>/plugins_registry/gpu.nvidia.com-<pod UID>-reg.sock, and a
+    socket path has at most 107 bytes: with that name, a kubelet root directory may have 21
+    (users': /var/lib/kubelet, 16), hence a short root outside the work directory."""
+    return Path("/tmp") / f"dg-{_digest(workdir)}"
+
+
+def node_root(nodes: Path, release: Release) -> Path:
+    return nodes / release.node.removeprefix("gpu-")
+
+
 def release_values(
     release: Release, *, tag: str, node: Node, ca_bundle: str
 ) -> dict[str, str | bool | int]:
@@ -114,12 +129,9 @@ class DeployedEnv:
         )
         self.nodes: dict[str, Node] = {}
         self.images: dict[str, driver_image.BuiltImage] = {}
-        self.api_link = "dragpuapi" + hashlib.sha256(str(self.workdir).encode()).hexdigest()[:6]
+        self.api_link = "dragpuapi" + _digest(self.workdir)
         self.proxy: KubeProxy | None = None
-        # The kubelet plugin's registration socket is <kubeletDir>/plugins_registry/
-        # gpu.nvidia.com-<pod UID>-reg.sock, and a socket path has at most 107 bytes: with
-        # that name, a kubelet root directory may have 21 (users': /var/lib/kubelet, 16).
-        self.nodes_root = Path("/tmp") / f"dg-{self.api_link[-6:]}"
+        self.nodes_root = nodes_root(self.workdir)
         self.timings: dict[str, float] = {}
 
     # ----- lifecycle ----------------------------------------------------------------------
@@ -141,6 +153,8 @@ class DeployedEnv:
             # Debian packages first: kube-proxy needs iptables before the first node is up.
             ensure_node_binaries()
             self.build_images()
+            # The kit's own host-wide things, reaped as a node's are if this process is killed.
+            node_cleanup.register(self._record())
             node_cleanup.add_address_link(self.api_link, self.api_ip)
             self.cluster.up()
             first = RELEASES[0].node
@@ -148,7 +162,7 @@ class DeployedEnv:
                 self.cluster, hostname=first, workdir=self.workdir / "kube-proxy", log=self.log
             ).up()
             for release in RELEASES:
-                workdir = self.nodes_root / release.node.removeprefix("gpu-")
+                workdir = node_root(self.nodes_root, release)
                 node = Node(self.cluster, name=release.node, workdir=workdir, log=self.log).up()
                 self.nodes[release.node] = node
                 self.cluster.kubectl(
@@ -168,12 +182,20 @@ class DeployedEnv:
         for node in reversed(list(self.nodes.values())):
             node.down()
         self.nodes.clear()
-        shutil.rmtree(self.nodes_root, ignore_errors=True)
         if self.proxy is not None:
             self.proxy.down()
             self.proxy = None
         self.cluster.down(remove_workdir=False)
-        node_cleanup.delete_link(self.api_link)
+        node_cleanup.clean(self._record())  # the API server's link and the nodes' root
+
+    def _record(self) -> node_cleanup.NodeRecord:
+        return node_cleanup.owned_by_this_process(
+            self.nodes_root,
+            containerd_socket="",
+            cgroup="",
+            links=(self.api_link,),
+            remove_root=True,
+        )
 
     def __enter__(self) -> DeployedEnv:
         return self.up()

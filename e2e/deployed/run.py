@@ -26,6 +26,7 @@ kube-proxy), then runs these checks in order and prints one line per check and a
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import shutil
@@ -33,7 +34,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -486,7 +487,12 @@ def deployed(env: DeployedEnv, report: Report) -> Iterator[DeployedEnv]:
             print(f"logs kept in {env.workdir}", flush=True)
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m e2e.deployed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args(argv)
     started = time.monotonic()
     report = Report()
     env = DeployedEnv()

@@ -9,9 +9,11 @@ Exit status 1 when NVML and the table disagree.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from dra_gpu.devices import migprofiles, naming, partitions
@@ -77,7 +79,12 @@ def compare(nvml: Any, handle: Any, table: migprofiles.MigTable) -> tuple[list[A
     return rows, differences
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m e2e.gpu.mig_tables",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args(argv)
     import pynvml
 
     backend = NvmlBackend(nvml=pynvml)

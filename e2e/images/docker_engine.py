@@ -10,7 +10,12 @@
   builds and runs build steps with no network (``--network none``); it never touches the host's
   netfilter rules, which the real nodes' pod networking and kube-proxy rely on.
 - One engine per data root at a time (``e2e.locked_daemon``); ``down()`` stops it (SIGTERM, it
-  stops its containerd) and is idempotent.
+  stops its containers and its containerd) and is idempotent.
+- An engine killed before its ``down()`` (or one that needed SIGKILL) leaves its build
+  containers' shims running, with their containers, and their mounts: under the data root's
+  lock, before each start and after each stop, every process whose arguments name the engine's
+  exec root (the shims: ``-address <exec root>/containerd/containerd.sock``) is killed with the
+  processes below it, and what is mounted under the exec root or the data root is unmounted.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 
 from e2e.binaries import cache_root
 from e2e.locked_daemon import LockedDaemon
+from e2e.node import cleanup as node_cleanup
 from e2e.node.binaries import ensure_debian_packages
 
 Log = Callable[[str], None]
@@ -75,7 +81,10 @@ class DockerEngine:
         self.socket = self.exec_root / "docker.sock"
         self._log = log
         self._daemon = LockedDaemon(
-            "dockerd", lock_path=self.root / ".engine.lock", log_path=self.root / "dockerd.log"
+            "dockerd",
+            lock_path=self.root / ".engine.lock",
+            log_path=self.root / "dockerd.log",
+            leftovers=self._remove_leftovers,
         )
 
     @property
@@ -110,6 +119,11 @@ class DockerEngine:
             # What a stopped dockerd leaves in its exec root (containerd's state, empty
             # network dirs) is of no use to the next engine.
             shutil.rmtree(self.exec_root, ignore_errors=True)
+
+    def _remove_leftovers(self) -> None:
+        node_cleanup.kill_trees(node_cleanup.pids_with_arg(str(self.exec_root)))
+        node_cleanup.unmount_under(self.exec_root)
+        node_cleanup.unmount_under(self.root / "data")
 
     def __enter__(self) -> DockerEngine:
         return self.up()

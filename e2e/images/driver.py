@@ -16,6 +16,7 @@ base's Python), downloaded once.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import re
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,9 +135,15 @@ def build(engine: DockerEngine, ref: str, *, labels: dict[str, str], log: Log) -
     return BuiltImage(ref=ref, image_id=image_id, size_bytes=size, archive=archive)
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m e2e.images.driver [REF]``: build the image and print its size."""
-    ref = sys.argv[1] if len(sys.argv) > 1 else "dra-gpu:dev"
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.images.driver",
+        description="Build the driver's image with docker build from the Dockerfile (the "
+        "project's own engine is started when there is none) and print its size.",
+    )
+    parser.add_argument("ref", nargs="?", default="dra-gpu:dev", help="the image reference")
+    ref = parser.parse_args(argv).ref
     with DockerEngine() as engine:
         image = build(engine, ref, labels={}, log=lambda line: print(line, file=sys.stderr))
     print(f"{image.ref} {image.image_id} {image.size_bytes / 2**20:.1f} MiB {image.archive}")

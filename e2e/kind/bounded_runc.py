@@ -104,6 +104,10 @@ def spec_of(argv: list[str]) -> tuple[Path, bool] | None:
 
 
 def main() -> None:
+    if sys.argv[1:] in (["--help"], ["-h"]):
+        # Asked by a person (dockerd never asks): what this wrapper is, not runc's own help.
+        print(f"usage: {sys.argv[0]} RUNC-ARGUMENTS...\n\n{__doc__}")
+        return
     found = spec_of(sys.argv[1:])
     if found is not None and found[0].is_file():
         path, whole = found

@@ -11,11 +11,13 @@ CLI: ``python -m e2e.kind.network`` (what ``e2e/kind/run.sh`` runs as its ``KIND
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +91,12 @@ def _wait_for_cidrs(timeout: float = 120.0) -> list[NodeNet]:
         time.sleep(1.0)
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m e2e.kind.network",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args(argv)
     nets = _wait_for_cidrs()
     for me in nets:
         script = node_script(me, nets)

@@ -13,6 +13,7 @@ CLI: ``python -m e2e.kind.tools`` builds what is missing and prints the director
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -111,7 +112,12 @@ def kind_binary() -> Path:
     return ensure(KIND) / "kind"
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m e2e.kind.tools",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args(argv)
     for tools in (KIND, CRICTL, CNI_PLUGINS):
         print(f"{tools.prefix}\t{ensure(tools)}")
     return 0

@@ -14,11 +14,13 @@ CLI: ``python -m e2e.node.binaries`` ensures everything and prints where it is.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,7 +173,12 @@ def ensure_node_binaries() -> NodeBinaries:
     )
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m e2e.node.binaries",
+        description="Build containerd and runc into the cache when missing, install the Debian "
+        "packages a real node needs when missing, and print where everything is.",
+    ).parse_args(argv)
     binaries = ensure_node_binaries()
     print(f"containerd {binaries.containerd_dir}\nrunc {binaries.runc}\ncni {binaries.cni_bin_dir}")
     return 0

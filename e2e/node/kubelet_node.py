@@ -6,7 +6,9 @@ then the kubelet with a node client certificate (CN ``system:node:<name>``, O ``
 from the cluster's CA, and waits until the Node object is Ready. ``down()`` (idempotent, also run
 at interpreter exit) stops the kubelet, kills every container through containerd, stops
 containerd, then removes what the processes leave behind: shims, container processes, mounts under
-the node's directory, its cgroup root, its bridge, and the directory itself.
+the node's directory, its cgroup root, its bridge, and the directory itself. A SIGTERM or Ctrl-C
+of the process runs the same ``down()`` (``e2e.procs``); after a SIGKILL, the next node's start
+does it from the node's record (``e2e.node.cleanup``).
 
 Invariants:
 - Everything the node writes is under ``paths.root`` (see ``e2e.node.config``), except the cgroup
@@ -96,8 +98,8 @@ class Node:
             self.log(f"[node] cleaned up after a killed run: {root}")
         self._up = True
         atexit.register(self.down)
+        node_cleanup.register(self._record())  # before it owns anything a kill would leave
         self.paths.root.mkdir(parents=True, exist_ok=True)
-        self._record().write()
         try:
             self._write_configs()
             node_cleanup.create_cgroup(self.cgroup_root)
@@ -135,12 +137,11 @@ class Node:
     # -- pieces --------------------------------------------------------------------------------
 
     def _record(self) -> node_cleanup.NodeRecord:
-        return node_cleanup.NodeRecord(
-            root=str(self.paths.root),
+        return node_cleanup.owned_by_this_process(
+            self.paths.root,
             containerd_socket=str(self.paths.containerd_socket),
             cgroup=self.cgroup_root,
             links=(bridge_name(self.paths), node_link(self.paths)),
-            owner_pid=os.getpid(),
             remove_root=self._own_dir,
         )
 

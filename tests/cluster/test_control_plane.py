@@ -7,7 +7,10 @@ Cases:
 - a ResourceSlice with 128 devices is accepted, one with 129 is rejected (API server message);
 - a Pod with a ResourceClaimTemplate: the resourceclaim controller creates the claim, the scheduler
   allocates a device of the node's ResourceSlice to it and binds the pod to that node;
-- ValidatingAdmissionPolicy and an admission webhook served on loopback both deny requests.
+- ValidatingAdmissionPolicy and an admission webhook served on loopback both deny requests;
+- a simulated node (no kubelet) takes only pods that tolerate its taint, and deleting the
+  namespace of a pod bound there completes (the harness confirms the deletion, as a kubelet
+  would): without either, a user's pod sat there never started and its namespace never went.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.cluster import Cluster
+from e2e.cluster import SIMULATED_TOLERATION, Cluster
 from e2e.kube_json import as_body, as_json
 from e2e.waiting import wait_for
 
@@ -169,6 +172,7 @@ def test_pod_claim_is_created_allocated_and_pod_bound(
         "kind": "Pod",
         "metadata": {"name": "gpu-pod"},
         "spec": {
+            "tolerations": [dict(SIMULATED_TOLERATION)],  # the node is simulated
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
             "containers": [
                 {
@@ -224,6 +228,54 @@ def test_pod_claim_is_created_allocated_and_pod_bound(
     core.delete_namespaced_pod("gpu-pod", NAMESPACE, grace_period_seconds=0)
     custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", "cp-node-0-gpus")
     custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", "cp-sched-class")
+
+
+def test_simulated_node_takes_only_tolerating_pods_and_their_namespace_goes(
+    cluster: Cluster, api: client.ApiClient
+) -> None:
+    node, namespace = "cp-sim-0", "cp-sim"
+    cluster.register_node(node)
+    cluster.create_namespace(namespace)
+    core = client.CoreV1Api(api)
+
+    def pod(name: str, tolerations: list[dict[str, str]]) -> dict[str, Any]:
+        spec = {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": tolerations,
+            "containers": [{"name": "main", "image": "example.invalid/never-pulled:1"}],
+        }
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+    core.create_namespaced_pod(namespace, as_body(pod("stray", [])))
+    core.create_namespaced_pod(namespace, as_body(pod("ours", [dict(SIMULATED_TOLERATION)])))
+
+    def unschedulable() -> str | None:
+        status = core.read_namespaced_pod("stray", namespace).status
+        for c in (status.conditions if status else None) or []:
+            if c.type == "PodScheduled" and c.reason == "Unschedulable":
+                return str(c.message)
+        return None
+
+    message = wait_for("the scheduler to turn the stray pod down", unschedulable, timeout=WAIT_S)
+    assert "untolerated taint" in message, message
+
+    def bound() -> str | None:
+        spec = core.read_namespaced_pod("ours", namespace).spec
+        return spec.node_name if spec else None
+
+    assert wait_for("the scheduler to bind the tolerating pod", bound, timeout=WAIT_S) == node
+
+    core.delete_namespace(namespace)
+
+    def gone() -> bool:
+        try:
+            core.read_namespace(namespace)
+        except ApiException as exc:
+            return bool(exc.status == 404)
+        return False
+
+    wait_for(f"namespace {namespace} to be deleted", gone, timeout=WAIT_S)
+    cluster.unregister_node(node)
 
 
 def _labelled_configmap(label: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from dra_gpu.explain import analysis, source
 from dra_gpu.kube.client import KubeClient, connect
 from dra_gpu.kube.objects import ResourceClaim
 from e2e import waiting
-from e2e.cluster import Cluster
+from e2e.cluster import SIMULATED_TOLERATION, Cluster
 from e2e.sim_slices import node_slices
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,7 +150,9 @@ SHAPES: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]] = [
 
 
 def untainted(kube: KubeClient, node: str) -> bool:
-    return not kube.request("GET", f"/api/v1/nodes/{node}")["spec"].get("taints")
+    """No taint but the simulated node's own, which the pods here tolerate."""
+    taints = kube.request("GET", f"/api/v1/nodes/{node}")["spec"].get("taints") or []
+    return all(t["key"] == SIMULATED_TOLERATION["key"] for t in taints)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +170,9 @@ def client(cluster: Cluster) -> Iterator[KubeClient]:
         cluster.kubectl("create", "-f", "-", input=json.dumps(doc))
         # A new Node carries the not-ready taint until the node controller sees it Ready.
         waiting.wait_for(
-            f"node {node} without taints", functools.partial(untainted, kube, node), timeout=WAIT_S
+            f"node {node} without the not-ready taint",
+            functools.partial(untainted, kube, node),
+            timeout=WAIT_S,
         )
     for desired in classes.builtin_classes(extended_resource_name=None):
         cluster.kubectl("apply", "-f", "-", input=json.dumps(desired.body()))
@@ -202,6 +206,7 @@ def pod(name: str, claim: str) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
+            "tolerations": [dict(SIMULATED_TOLERATION)],  # the nodes are simulated
             "containers": [
                 {
                     "name": "main",

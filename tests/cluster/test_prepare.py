@@ -11,6 +11,9 @@ Cases:
   are valid for our validator and for the reference Go CDI library; the claim's opaque config
   reaches the container environment; v1beta1 repeats the same answer; unprepare removes the
   specs and the checkpoint entries, twice without error;
+- a GpuConfig that names a MIG request fails prepare, naming the config and the device: the
+  scheduler's copy of the claim's config in the allocation has no ``requests`` (1.37.2), and read
+  from there the config looked claim-wide and was passed over for the default;
 - crash safety: the plugin SIGKILLed (``crash_plugin.py``) at each step of prepare and unprepare,
   restarted, and the call repeated: it succeeds, exactly the expected spec files exist, no temp
   file is left, the checkpoint loads with the expected state.
@@ -40,7 +43,7 @@ from dra_gpu.prepare.cdi_validate import validate_spec
 from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, CheckpointStore
 from dra_gpu.prepare.state import FAULT_STEPS
 from e2e import cdi_validator, procs, waiting
-from e2e.cluster import Cluster
+from e2e.cluster import SIMULATED_TOLERATION, Cluster
 from e2e.cluster.device_classes import builtin_device_classes
 from e2e.driver import PluginDirs, plugin_argv
 from e2e.kube_json import as_body
@@ -126,6 +129,7 @@ def pod_body(name: str, template: str, node: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [dict(SIMULATED_TOLERATION)],  # the node is simulated
             "containers": [
                 {
                     "name": "main",
@@ -138,7 +142,10 @@ def pod_body(name: str, template: str, node: str) -> dict[str, Any]:
     }
 
 
-def template_body(name: str, device_class: str, count: int, config: dict[str, Any]) -> Any:
+def template_body(
+    name: str, device_class: str, count: int, config: dict[str, Any], requests: tuple[str, ...] = ()
+) -> Any:
+    named = {"requests": list(requests)} if requests else {}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -152,7 +159,7 @@ def template_body(name: str, device_class: str, count: int, config: dict[str, An
                             "exactly": {"deviceClassName": device_class, "count": count},
                         }
                     ],
-                    "config": [{"opaque": {"driver": DRIVER, "parameters": config}}],
+                    "config": [{**named, "opaque": {"driver": DRIVER, "parameters": config}}],
                 }
             }
         },
@@ -305,6 +312,32 @@ def test_prepare_and_unprepare_scheduled_claims(node: Node, claims: dict[str, Cl
     assert node.specs() == {}
     assert CheckpointStore(node.state_dir).load().claims == {}
     assert unprepare_v1(node, gpu, mig) == {gpu.uid: "", mig.uid: ""}
+
+
+def test_a_config_of_the_wrong_kind_naming_its_request_fails_prepare(
+    cluster: Cluster, node: Node, claims: dict[str, Claim]
+) -> None:
+    from kubernetes import client
+
+    api = cluster.api_client()
+    ns = node.name
+    wrong = {"apiVersion": API, "kind": "GpuConfig"}
+    body = template_body("named-wrong-kind", "mig.nvidia.com", 1, wrong, requests=("gpus",))
+    client.ResourceV1Api(api).create_namespaced_resource_claim_template(ns, body)
+    pod = pod_body("pod-wrong-kind", "named-wrong-kind", node.name)
+    client.CoreV1Api(api).create_namespaced_pod(ns, as_body(pod), _request_timeout=30)
+    claim = wait_for(
+        "pod-wrong-kind scheduled", functools.partial(_claim_of, api, ns, "pod-wrong-kind")
+    )
+    try:
+        error = prepare_v1(node, claim).claims[claim.uid].error
+        ((_, device),) = claim.results
+        assert f"config[0] (FromClaim): a GpuConfig cannot configure {device}, which is a MIG" in (
+            error
+        ), error
+        assert claim.uid not in node.specs()
+    finally:
+        client.CoreV1Api(api).delete_namespaced_pod("pod-wrong-kind", ns, grace_period_seconds=0)
 
 
 def test_specs_are_valid_for_the_reference_cdi_library(

@@ -98,7 +98,7 @@ def running(kube: Kube, pod: str) -> dict[str, Any] | None:
 
 
 def mig_uuid(kube: Kube, pod: str) -> str:
-    """The MIG device the container got, from its environment (``env | sort``)."""
+    """The MIG device the container got, from the environment its report prints."""
 
     def uuid() -> str | None:
         found = re.findall(

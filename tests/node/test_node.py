@@ -12,7 +12,7 @@ import pytest
 from e2e.cluster import Cluster
 from e2e.node import kubelet_node as node_module
 from e2e.node.binaries import ensure_node_binaries
-from e2e.node.cleanup import NodeRecord, reap_stale
+from e2e.node.cleanup import NodeRecord, process_identity, reap_stale, register, registered
 from e2e.node.kubelet_node import Node
 from e2e.suite import views
 from e2e.suite.kube import Kube, load_manifests, wait_for
@@ -77,9 +77,10 @@ def _report(kube: Kube, namespace: str) -> views.ContainerView | None:
 def test_a_node_left_by_a_killed_run_is_reaped_and_a_live_one_is_not(tmp_path: Path) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
-    records = {}
+    registry = tmp_path / "registry"
+    roots = {}
     for name, pid in (("dead", dead.pid), ("live", os.getpid())):
-        root = tmp_path / f"dra-gpu-{name}-x"
+        root = tmp_path / f"dg-{name}" / "h200"  # the deployed kit's layout
         (root / "kubelet").mkdir(parents=True)
         record = NodeRecord(
             root=str(root),
@@ -87,13 +88,14 @@ def test_a_node_left_by_a_killed_run_is_reaped_and_a_live_one_is_not(tmp_path: P
             cgroup=f"/dra-gpu-test-{name}",
             links=(f"dragpunone{name}",),
             owner_pid=pid,
+            owner_started=process_identity(pid),
             remove_root=True,
         )
-        record.write()
-        records[name] = root
-    assert reap_stale(tmp_path) == [str(records["dead"])]
-    assert not records["dead"].exists()
-    assert (records["live"] / "node.json").is_file()
+        register(record, registry)
+        roots[name] = root
+    assert reap_stale(registry) == [str(roots["dead"])]
+    assert not roots["dead"].exists()
+    assert [r.root for r in registered(registry)] == [str(roots["live"])]
 
 
 def test_a_build_longer_than_the_budget_leaves_the_whole_budget_to_the_node(

@@ -72,19 +72,41 @@ def claim(
     name: str | None = None,
     namespace: str = "default",
     configs: Sequence[Mapping[str, Any]] = (),
+    requests: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A claim; ``results=None`` means not allocated."""
+    """A claim; ``results=None`` means not allocated. Its spec has the requests its results
+    name (``req/sub``: request ``req`` with subrequest ``sub``), and ``requests`` besides; the
+    ``FromClaim`` configs as written, which the allocation repeats as the Kubernetes 1.37.2
+    scheduler does: without their ``requests``."""
+    spec_requests: dict[str, list[dict[str, str]]] = {}
+    for request in [*(str(r["request"]) for r in results or ()), *requests]:
+        main, _, sub = request.partition("/")
+        spec_requests.setdefault(main, []).extend([{"name": sub}] if sub else [])
     body: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name or f"claim-{uid}", "namespace": namespace, "uid": uid},
-        "spec": {"devices": {"requests": []}},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": n, "firstAvailable": subs} if subs else {"name": n}
+                    for n, subs in spec_requests.items()
+                ],
+                "config": [
+                    {k: v for k, v in c.items() if k != "source"}
+                    for c in configs
+                    if c.get("source") == "FromClaim"
+                ],
+            }
+        },
         "status": {},
     }
+    allocated = [
+        {k: v for k, v in c.items() if k != "requests" or c.get("source") != "FromClaim"}
+        for c in configs
+    ]
     if results is not None:
-        body["status"]["allocation"] = {
-            "devices": {"results": list(results), "config": list(configs)}
-        }
+        body["status"]["allocation"] = {"devices": {"results": list(results), "config": allocated}}
     return body
 
 

@@ -5,7 +5,8 @@ reason (the same ConfigError prepare raises); other drivers' configs are ignored
 checked at their nested path; misspelled selector names in exactly, firstAvailable and v1beta1
 request-level selectors are allowed with warnings naming the selector; a DeviceClass's config and
 selectors are checked at their paths; deletes, other kinds and malformed reviews get sensible
-answers.
+answers; a config of the wrong device type that names a request of a built-in class, or a config
+naming a request the claim does not have, is refused as prepare would fail it (same rule).
 """
 
 from __future__ import annotations
@@ -207,3 +208,95 @@ def test_update_changing_devices_is_checked() -> None:
     review = claim_review({"config": [opaque({**GPU_CONFIG, "x": 1})]}, operation="UPDATE")
     review["request"]["oldObject"] = {"spec": {"devices": {}}}
     assert response(review)["allowed"] is False
+
+
+MIG_CONFIG = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"}
+
+
+def named(params: dict[str, Any], *requests: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"opaque": {"driver": "gpu.nvidia.com", "parameters": params}}
+    return {"requests": list(requests), **entry} if requests else entry
+
+
+def exactly(name: str, cls: str) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": cls}}
+
+
+GPU, MIG = exactly("gpu", "gpu.nvidia.com"), exactly("mig", "mig.nvidia.com")
+FIRST = {
+    "name": "gpu",
+    "firstAvailable": [
+        {"name": "big", "deviceClassName": "gpu.nvidia.com"},
+        {"name": "slice", "deviceClassName": "mig.nvidia.com"},
+    ],
+}
+MISMATCH = "spec.devices.config[0]: a MigDeviceConfig cannot configure request 'gpu', whose "
+SCOPES = [
+    pytest.param(
+        [GPU],
+        [named(MIG_CONFIG, "gpu")],
+        MISMATCH + "DeviceClass gpu.nvidia.com gives full GPUs (use GpuConfig, or name only "
+        "requests for MIG devices in this config)",
+        id="mig-config-naming-a-gpu-request",
+    ),
+    pytest.param(
+        [MIG],
+        [named(GPU_CONFIG, "mig")],
+        "spec.devices.config[0]: a GpuConfig cannot configure request 'mig', whose DeviceClass "
+        "mig.nvidia.com gives MIG devices (use MigDeviceConfig",
+        id="gpu-config-naming-a-mig-request",
+    ),
+    pytest.param([GPU, MIG], [named(GPU_CONFIG)], None, id="claim-wide-passed-over"),
+    pytest.param([GPU], [named(MIG_CONFIG, "gpu"), named(GPU_CONFIG)], None, id="later-fits"),
+    pytest.param(
+        [exactly("gpu", "admin.example.com")], [named(MIG_CONFIG, "gpu")], None, id="other-class"
+    ),
+    pytest.param(
+        [GPU],
+        [named(GPU_CONFIG, "gpus")],
+        "spec.devices.config[0].requests: names 'gpus', which the claim does not have "
+        "(its requests: gpu)",
+        id="request-not-in-the-claim",
+    ),
+    pytest.param(
+        [FIRST],
+        [named(GPU_CONFIG, "gpu/small")],
+        "spec.devices.config[0].requests: names 'gpu/small', which the claim does not have",
+        id="subrequest-not-in-the-claim",
+    ),
+    pytest.param([FIRST], [named(GPU_CONFIG, "gpu/big")], None, id="fits-its-subrequest"),
+    pytest.param(
+        [FIRST],
+        [named(GPU_CONFIG, "gpu/slice")],
+        "spec.devices.config[0]: a GpuConfig cannot configure request 'gpu/slice', whose "
+        "DeviceClass mig.nvidia.com gives MIG devices",
+        id="gpu-config-naming-a-mig-subrequest",
+    ),
+    # The main request covers every subrequest: here the MIG one, which it does not fit.
+    pytest.param(
+        [FIRST],
+        [named(GPU_CONFIG, "gpu")],
+        "a GpuConfig cannot configure request 'gpu/slice'",
+        id="gpu-config-naming-the-main-request",
+    ),
+]
+
+
+@pytest.mark.parametrize(("requests", "configs", "refusal"), SCOPES)
+def test_a_config_must_fit_the_requests_it_names(
+    requests: list[dict[str, Any]], configs: list[dict[str, Any]], refusal: str | None
+) -> None:
+    r = response(claim_review({"requests": requests, "config": configs}))
+    if refusal is None:
+        assert r["allowed"], r
+    else:
+        assert not r["allowed"]
+        assert refusal in r["status"]["message"], r["status"]["message"]
+
+
+def test_template_scope_is_checked_at_its_path() -> None:
+    review = claim_review(
+        {"requests": [GPU], "config": [named(MIG_CONFIG, "gpu")]}, kind="ResourceClaimTemplate"
+    )
+    message = response(review)["status"]["message"]
+    assert message.startswith("spec.spec.devices.config[0]: a MigDeviceConfig cannot"), message

@@ -1,12 +1,17 @@
-"""How ``make demo`` ends (``e2e.demo.run.result_text``): a fallback to simulated nodes is said in
-the table's heading and again in the last lines, with the reason and the command showing the log.
+"""How ``make demo`` ends (``e2e.demo.run.result_text``): a real node that did not start is said in
+the table's heading and again in the last lines, with the reason and the command showing the log;
+nodes simulated on purpose are named in one last line, with no warning.
 
-Cases: a real node that failed, so both are simulated (reason + ``less <supervisor log>`` first
-and last); only the second failed (said, but containers did run); real nodes (the heading says
-the reports are read from the containers' logs, nothing after the tear-down).
+Cases: the first real node failed, so all are simulated (reason + ``less <supervisor log>`` first
+and last); only a later one failed (said, but containers did run); every node real (the heading
+says the reports are read from the containers' logs, nothing after the tear-down); real nodes
+turned off (one line naming the nodes and why, no warning, the heading says where the table is
+from).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from e2e.demo import run as demo
 from e2e.demo import view as demo_view
@@ -16,14 +21,22 @@ REASON = (
     "real node demo-h200 unavailable: timed out after 0s waiting for node demo-h200 to be Ready "
     "(last: NotFoundException 404: Not Found)"
 )
+OFF = "real nodes off (DRA_GPU_DEMO_REAL_NODES=no)"
 LOG = "/cache/dra-gpu/demo/supervisor.log"
 ROWS = [demo_view.Row("one-gpu/one-gpu", "c", "demo-h200", "gpu-0", "gpu-0 NVIDIA H200", "cdi")]
+NODES = (("demo-h200", "h200x8"), ("demo-a100", "a100x4-mig"), ("demo-h100-dyn", "h100x8-mig"))
 
 
-def _state(*, real: bool, a100_real: bool | None = None) -> DemoState:
+def _state(real: int, *, on_purpose: bool = False) -> DemoState:
+    """The first ``real`` nodes real, the others simulated: failed, or turned off on purpose."""
+
     def node(name: str, profile: str, real: bool) -> NodeInfo:
-        failed = {} if real else {"note": REASON, "note_log": LOG}
-        return NodeInfo(name, profile, real, "/s/dra.sock", f"/cdi/{name}", "/p.log", **failed)
+        base = NodeInfo(name, profile, real, "/s/dra.sock", f"/cdi/{name}", "/p.log")
+        if real:
+            return base
+        if on_purpose:
+            return replace(base, note=OFF, on_purpose=True)
+        return replace(base, note=REASON, note_log=LOG)
 
     return DemoState(
         pid=1,
@@ -33,15 +46,12 @@ def _state(*, real: bool, a100_real: bool | None = None) -> DemoState:
         kubectl="/bin/kubectl",
         controller_log="/w/controller.log",
         webhook="https://127.0.0.1:8443/validate",
-        nodes=(
-            node("demo-h200", "h200x8", real),
-            node("demo-a100", "a100x4-mig", real if a100_real is None else a100_real),
-        ),
+        nodes=tuple(node(name, profile, i < real) for i, (name, profile) in enumerate(NODES)),
     )
 
 
 def test_a_fallback_is_said_above_the_table_and_in_the_last_lines() -> None:
-    lines = demo.result_text(_state(real=False), ROWS).splitlines()
+    lines = demo.result_text(_state(0), ROWS).splitlines()
     said = [f"NO CONTAINER RAN: {REASON}.", f"  See why: less {LOG}"]
     assert lines[:2] == said
     assert lines[-2:] == said
@@ -50,8 +60,8 @@ def test_a_fallback_is_said_above_the_table_and_in_the_last_lines() -> None:
     assert table < lines.index("Tear down:")
 
 
-def test_one_real_node_of_two_is_not_called_no_container() -> None:
-    lines = demo.result_text(_state(real=True, a100_real=False), ROWS).splitlines()
+def test_a_later_real_node_failing_is_not_called_no_container() -> None:
+    lines = demo.result_text(_state(1), ROWS).splitlines()
     said = [f"SOME NODES ARE SIMULATED: {REASON}.", f"  See why: less {LOG}"]
     assert lines[:2] == said
     assert "read from its log" in lines[2]
@@ -59,7 +69,17 @@ def test_one_real_node_of_two_is_not_called_no_container() -> None:
 
 
 def test_real_nodes_need_no_notice() -> None:
-    lines = demo.result_text(_state(real=True), ROWS).splitlines()
+    lines = demo.result_text(_state(3), ROWS).splitlines()
     assert "read from its log" in lines[0]
-    assert not any("NO CONTAINER RAN" in line for line in lines)
+    assert not any("NO CONTAINER RAN" in line or "SIMULATED" in line for line in lines)
     assert lines[-1] == "  .venv/bin/python -m e2e.demo down"
+
+
+def test_nodes_simulated_on_purpose_are_named_in_one_line_without_a_warning() -> None:
+    text = demo.result_text(_state(0, on_purpose=True), ROWS)
+    lines = text.splitlines()
+    assert lines[-1] == (
+        f"Simulated on purpose (no kubelet): demo-h200, demo-a100, demo-h100-dyn, {OFF}."
+    )
+    assert "NO CONTAINER RAN" not in text and "SOME NODES ARE SIMULATED" not in text
+    assert lines[0].startswith("Pods on simulated nodes (no kubelet)")

@@ -191,14 +191,30 @@ def test_other_api_errors_are_not_refusals(body: str | None) -> None:
 
 
 def test_the_notice_says_why_nodes_are_simulated_and_where_to_look() -> None:
-    assert demo_view.fallback_notice([], [], some_real=False) == []
+    assert demo_view.fallback_notice([], some_real=False) == []
     reason = "real node demo-h200 unavailable: timed out after 120s waiting for node demo-h200"
     log = "/cache/demo/supervisor.log"
-    assert demo_view.fallback_notice([reason, reason], [log, log], some_real=False) == [
+    failed = [demo_view.Simulated(n, reason, log) for n in ("demo-h200", "demo-a100")]
+    assert demo_view.fallback_notice(failed, some_real=False) == [
         f"NO CONTAINER RAN: {reason}.",
         f"  See why: less {log}",
     ]
-    # Real nodes turned off on purpose: said as well, with no log to read.
-    assert demo_view.fallback_notice(["real nodes need root on Linux"], [""], some_real=False) == [
+    # Not root: real nodes could not start, with no log to read.
+    unavailable = [demo_view.Simulated("demo-h200", "real nodes need root on Linux")]
+    assert demo_view.fallback_notice(unavailable, some_real=False) == [
         "NO CONTAINER RAN: real nodes need root on Linux."
     ]
+    # A reason is never the heading again, even when none was recorded.
+    assert demo_view.fallback_notice([demo_view.Simulated("demo-a100", "")], some_real=True) == [
+        "SOME NODES ARE SIMULATED: node demo-a100 did not start."
+    ]
+
+
+def test_nodes_simulated_on_purpose_are_no_warning_but_one_line() -> None:
+    off = "real nodes off (DRA_GPU_DEMO_REAL_NODES=no)"
+    chosen = [demo_view.Simulated(n, off, on_purpose=True) for n in ("demo-h200", "demo-a100")]
+    assert demo_view.fallback_notice(chosen, some_real=False) == []
+    assert demo_view.on_purpose_line(chosen) == [
+        f"Simulated on purpose (no kubelet): demo-h200, demo-a100, {off}."
+    ]
+    assert demo_view.on_purpose_line([demo_view.Simulated("demo-a100", "x")]) == []

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from fake_claims import NODE, FakeFetcher, claim, device_state, inventory, result
 
-from dra_gpu.kubeletplugin import dra_service, rpcserver
+from dra_gpu.kubeletplugin import dra_service, grpcio_server
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 
 INVENTORY = inventory()
@@ -31,7 +31,11 @@ def channel(tmp_path: Path) -> Iterator[grpc.Channel]:
     )
     state = device_state(tmp_path, devices=INVENTORY, claims=fetcher)
     state.start()
-    server = rpcserver.Server(dra_service.methods(state), max_workers=4)
+    server = grpcio_server.GrpcioServer(
+        dra_service.methods(state),
+        health=grpcio_server.health_servicer(),
+        limits=grpcio_server.Limits(concurrent_rpcs=4, streams_per_connection=4),
+    )
     socket = tmp_path / "dra.sock"
     server.add_address(f"unix:{socket}")
     server.start()

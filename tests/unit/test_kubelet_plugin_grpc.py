@@ -4,19 +4,20 @@ Cases: GetInfo names the DRA socket and the versions, v1 first; the DRA endpoint
 answers (both versions, zero claims); sockets are owner-only and no private directory is left;
 the device health stream (both versions) lists every device HEALTHY; grpc.health.v1 answers;
 a refused registration is logged as an error; DRA calls wait for the node-wide lock; stop
-removes the sockets; two rolling-update instances serve side by side; the grpc health message
-codec. Each with the builtin gRPC server and with grpcio's; the builtin one never loads grpc.
+removes the sockets; two rolling-update instances serve side by side; grpc.health.v1 Watch
+turns SERVING once published and NOT_SERVING when the plugin stops; /healthz makes a real call
+on each socket and turns 503, naming the socket, when one stops answering; the DRA socket
+refuses an oversized request with RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import logging
-import os
+import socket
 import stat
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import grpc
 import pytest
 from fake_slice_store import FakeSliceStore
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from plugin_start import start_serving
 
 from dra_gpu.kube import credentials
@@ -33,8 +35,9 @@ from dra_gpu.kube.transport import Transport
 from dra_gpu.kubeletplugin import (
     call_lock,
     device_health,
-    grpc_health,
+    grpcio_server,
     healthz,
+    kit,
     slice_plan,
     sockets,
 )
@@ -54,6 +57,7 @@ from dra_gpu.plugin import inventory, lifecycle, node_plugin, platforms
 from dra_gpu.plugin import main as plugin_main
 from dra_gpu.plugin import settings as plugin_settings
 from dra_gpu.prepare.state import DeviceState
+from e2e import waiting
 
 NODE = "node-a"
 TIMEOUT_S = 10  # bounds a broken server only
@@ -82,18 +86,16 @@ def short_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(tmp_path_factory.mktemp("kp", numbered=True))
 
 
-@pytest.fixture(params=plugin_settings.GRPC_SERVERS)
-def start_plugin(
-    short_root: Path, request: pytest.FixtureRequest
-) -> Iterator[Callable[..., node_plugin.NodePlugin]]:
-    """Starts plugins served by each gRPC server (``--grpc-server``) in turn."""
+@pytest.fixture
+def start_plugin(short_root: Path) -> Iterator[Callable[..., node_plugin.NodePlugin]]:
+    """Starts plugins (each stopped at the end)."""
     started: list[node_plugin.NodePlugin] = []
     devices = inventory.discover(
         inventory.backend_for(platforms.for_node(simulate="h200x8", node_name=NODE))
     )
 
     def start(*extra: str, state: DeviceState | None = None) -> node_plugin.NodePlugin:
-        settings = make_settings(short_root, "--grpc-server", request.param, *extra)
+        settings = make_settings(short_root, *extra)
         plugin = node_plugin.NodePlugin(
             settings,
             store=FakeSliceStore(),
@@ -119,7 +121,7 @@ def get_info(registration: Path) -> pluginregistration_v1_pb2.PluginInfo:
         return stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=TIMEOUT_S)
 
 
-def paths(root: Path, *extra: str) -> plugin_settings.SocketPaths:
+def paths(root: Path, *extra: str) -> sockets.SocketPaths:
     return plugin_settings.socket_paths(make_settings(root, *extra))
 
 
@@ -249,16 +251,42 @@ def test_health_stream_reports_devices_discovery_lost_as_unhealthy(
     }
 
 
-def test_grpc_health_check_serves_once_published(start_plugin: Any, short_root: Path) -> None:
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@pytest.mark.parametrize("socket_name", ["registration", "dra"])
+def test_grpc_health_check_serves_once_published(
+    start_plugin: Any, short_root: Path, socket_name: str
+) -> None:
     plugin = start_plugin()
     assert plugin.publisher.wait_synced(TIMEOUT_S)
-    with channel(paths(short_root).registration) as ch:
-        check = ch.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=lambda s: b"",
-            response_deserializer=lambda b: b,
+    with channel(getattr(paths(short_root), socket_name)) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT_S)
+        assert reply.status == SERVING
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.Check(health_pb2.HealthCheckRequest(service="other"), timeout=TIMEOUT_S)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_grpc_health_watch_follows_the_plugin_until_it_stops(
+    start_plugin: Any, short_root: Path
+) -> None:
+    plugin = start_plugin()
+    with channel(paths(short_root).dra) as ch:
+        watch = health_pb2_grpc.HealthStub(ch).Watch(
+            health_pb2.HealthCheckRequest(), timeout=TIMEOUT_S
         )
-        assert check(None, timeout=TIMEOUT_S) == grpc_health.encode_status(grpc_health.SERVING)
+        statuses = iter(r.status for r in watch)
+        # NOT_SERVING first when the slices were not published yet; SERVING once they are
+        assert SERVING in statuses
+        # stop waits for calls in flight (this watch too), so it runs beside the reading
+        stopping = threading.Thread(target=plugin.stop)
+        stopping.start()
+        assert next(statuses) == NOT_SERVING
+        watch.cancel()
+        stopping.join()
 
 
 def test_refused_registration_is_logged_as_error(
@@ -300,6 +328,77 @@ def test_ready_only_once_the_kubelet_confirmed_the_registration(
             timeout=TIMEOUT_S,
         )
     assert plugin.not_ready() is None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def every_call_slot_taken(path: Path, limits: grpcio_server.Limits) -> Iterator[None]:
+    """Device health streams on the DRA socket in every call slot (each stream holds one),
+    over as many connections as the per-connection limit needs; cancelled on exit."""
+    per_connection = limits.streams_per_connection
+    own_connection = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [
+        grpc.insecure_channel(f"unix:{path}", options=own_connection)
+        for _ in range(-(-limits.concurrent_rpcs // per_connection))
+    ]
+    streams: list[Any] = []  # a stream no one refers to any more is cancelled
+    try:
+        for i in range(limits.concurrent_rpcs):
+            stub = health_v1_pb2_grpc.DRAResourceHealthStub(channels[i // per_connection])
+            streams.append(stub.NodeWatchResources(health_v1_pb2.NodeWatchResourcesRequest()))
+            next(streams[-1])  # the first message: the call is in its handler now
+        yield
+    finally:
+        for stream in streams:
+            stream.cancel()
+        for ch in channels:
+            ch.close()
+
+
+def test_healthz_calls_both_sockets_and_names_the_one_that_does_not_answer(
+    start_plugin: Any, short_root: Path
+) -> None:
+    port = free_port()
+    plugin = start_plugin("--healthz-port", str(port))
+    assert plugin.publisher.wait_synced(TIMEOUT_S)
+    assert _probe(port, "/healthz") == (200, "ok")
+    dra = paths(short_root).dra
+    # Every call slot of the DRA socket taken (streams that never end): it answers nothing more.
+    with every_call_slot_taken(dra, kit.DRA_LIMITS):
+        status, reason = _probe(port, "/healthz")
+    assert status == 503
+    assert f"the DRA socket {dra} did not answer a health check: RESOURCE_EXHAUSTED" in reason
+    # The slots come free as the server sees the streams end.
+    waiting.wait_for(
+        "/healthz to answer 200 again",
+        lambda: _probe(port, "/healthz") == (200, "ok"),
+        timeout=TIMEOUT_S,
+        every=0.05,
+    )
+
+
+def test_dra_socket_refuses_an_oversized_request(start_plugin: Any, short_root: Path) -> None:
+    start_plugin()
+    claims = [
+        dra_v1_pb2.Claim(uid=f"{i:036d}", namespace="n" * 63, name="c" * 253)
+        for i in range(grpcio_server.MAX_RECEIVE_MESSAGE_BYTES // 300)
+    ]
+    request = dra_v1_pb2.NodePrepareResourcesRequest(claims=claims)
+    assert request.ByteSize() > grpcio_server.MAX_RECEIVE_MESSAGE_BYTES
+    with channel(paths(short_root).dra) as ch:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.NodePrepareResources(request, timeout=TIMEOUT_S)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # a request well within the limit on the same channel still succeeds
+        small = dra_v1_pb2.NodePrepareResourcesRequest(claims=claims[:1000])
+        assert small.ByteSize() < grpcio_server.MAX_RECEIVE_MESSAGE_BYTES
+        assert stub.NodePrepareResources(small, timeout=TIMEOUT_S) is not None
 
 
 def test_readyz_waits_for_registration_and_healthz_does_not() -> None:
@@ -465,75 +564,3 @@ def test_a_socket_accepts_only_while_its_server_listens(tmp_path: Path) -> None:
     assert path.is_socket() and not sockets.accepts(path)
     (tmp_path / "plain").write_text("")
     assert not sockets.accepts(tmp_path / "plain")
-
-
-@pytest.mark.parametrize(
-    ("wire", "service"),
-    [
-        (b"", ""),
-        (b"\x0a\x03abc", "abc"),
-        (b"\x10\x05\x0a\x01x", "x"),  # an unknown varint field first
-        (b"\x0a\x7f", ""),  # length past the end: truncated, not an exception
-    ],
-    ids=["empty", "service", "skip-unknown", "truncated"],
-)
-def test_grpc_health_request_decoding(wire: bytes, service: str) -> None:
-    assert grpc_health.decode_service(wire) == service
-
-
-# Starts the plugin as the tests above do, makes one call over the DRA socket (a raw HTTP/2
-# health Check: grpcio's client would load grpc), stops it, and lists what of grpc got loaded.
-NO_GRPC = """
-import socket
-import sys
-
-import hpack
-from fake_slice_store import FakeSliceStore
-from plugin_start import start_serving
-
-from dra_gpu.plugin import inventory, node_plugin, platforms, settings as plugin_settings
-
-root = sys.argv[1]
-settings = plugin_settings.build_settings(
-    {"node_name": "n", "plugin_registry_dir": root + "/reg", "plugin_data_dir": root + "/data",
-     "cdi_root": root + "/cdi"}, {})
-plugin = node_plugin.NodePlugin(
-    settings,
-    store=FakeSliceStore(),
-    devices=inventory.discover(
-        inventory.backend_for(platforms.for_node(simulate="h200x8", node_name="n"))
-    ),
-    instance=node_plugin.this_instance(settings),
-)
-start_serving(plugin)
-block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
-    (":path", "/grpc.health.v1.Health/Check"), ("content-type", "application/grpc"),
-    ("te", "trailers")])
-frames = (b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n" + bytes(9)[:3] + b"\\x04" + bytes(5)
-    + len(block).to_bytes(3, "big") + b"\\x01\\x04" + (1).to_bytes(4, "big") + block
-    + (5).to_bytes(3, "big") + b"\\x00\\x01" + (1).to_bytes(4, "big") + bytes(5))
-with socket.socket(socket.AF_UNIX) as sock:
-    sock.connect(str(plugin_settings.socket_paths(settings).dra))
-    sock.sendall(frames)
-    answer = b""
-    while b"grpc-status" not in answer:
-        chunk = sock.recv(65536)
-        assert chunk, "no answer"
-        answer += chunk
-plugin.stop()
-print(sorted(m for m in sys.modules if m.split(".")[0] == "grpc" or m.endswith("_pb2_grpc")))
-"""
-
-
-def test_the_builtin_server_never_imports_grpc(short_root: Path) -> None:
-    unit = Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(unit), str(unit.parent)])}
-    proc = subprocess.run(
-        [sys.executable, "-c", NO_GRPC, str(short_root)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"

@@ -25,7 +25,7 @@ import grpc
 import pytest
 from fake_slice_store import FakeSliceStore
 
-from dra_gpu.kubeletplugin import dra_service, publisher, rpcserver, slices
+from dra_gpu.kubeletplugin import dra_service, grpcio_server, publisher, slices
 from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice, PrepareResult
 from dra_gpu.kubeletplugin.ids import CDIDeviceID, ClaimUID, DeviceName
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
@@ -76,7 +76,11 @@ class Served:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
     driver = FakeDriver()
-    server = rpcserver.Server(dra_service.methods(driver), max_workers=4)
+    server = grpcio_server.GrpcioServer(
+        dra_service.methods(driver),
+        health=grpcio_server.health_servicer(),
+        limits=grpcio_server.Limits(concurrent_rpcs=4, streams_per_connection=4),
+    )
     socket = tmp_path / "dra.sock"
     server.add_address(f"unix:{socket}")
     server.start()

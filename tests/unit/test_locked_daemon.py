@@ -42,3 +42,23 @@ def test_the_lock_is_held_while_the_daemon_runs(tmp_path: Path) -> None:
         daemon.stop(grace_s=0.0)
     assert _lock_is_free(tmp_path / "lock")
     daemon.stop()  # idempotent
+
+
+def test_leftovers_of_a_killed_instance_are_removed_under_the_lock(tmp_path: Path) -> None:
+    # A killed dockerd leaves its build containers' shims: the next holder of the lock removes
+    # them before its own start, and each stop after its daemon is gone, never while another
+    # holder's daemon runs.
+    lock = tmp_path / "lock"
+    held: list[bool] = []
+    daemon = LockedDaemon(
+        "d",
+        lock_path=lock,
+        log_path=tmp_path / "d.log",
+        leftovers=lambda: held.append(not _lock_is_free(lock)),
+    )
+    daemon.start(["sleep", "30"], ready=lambda: True, what="d", timeout=5)
+    assert held == [True]
+    daemon.stop(grace_s=0.0)
+    assert held == [True, True]
+    daemon.stop()
+    assert held == [True, True]  # nothing stopped, nothing to remove

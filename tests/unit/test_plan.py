@@ -179,7 +179,158 @@ CONFIGS = [
 
 @pytest.mark.parametrize(("configs", "expected"), CONFIGS)
 def test_config_resolution(configs: list[dict[str, Any]], expected: str) -> None:
-    assert _interval(claim("uid-1", [result("gpu-0")], configs=configs)) == expected
+    body = claim("uid-1", [result("gpu-0")], configs=configs, requests=["other"])
+    assert _interval(body) == expected
+
+
+TS_MIG = mig_config(sharing={"strategy": "TimeSlicing"})
+MPS_MIG = mig_config(sharing={"strategy": "MPS"})
+# Which config a device gets, by the kind and the requests it names: (the device's result, the
+# claim's other requests, configs, what the device gets: its interval for a GPU, its strategy
+# for a MIG device, or the error). A config the user wrote for a request is never dropped
+# without a word: only a claim-wide one of the other kind is passed over.
+FITS = [
+    # The regression: a MigDeviceConfig naming a full GPU's request ran with the default.
+    pytest.param(
+        result("gpu-0", "gpu"),
+        [],
+        [config(TS_MIG, requests=["gpu"])],
+        "error: config[0] (FromClaim): a MigDeviceConfig cannot configure gpu-0, which is a "
+        "full GPU (use GpuConfig, or name only requests for MIG devices in this config)",
+        id="mig-config-naming-a-gpu-request",
+    ),
+    pytest.param(
+        result(MIG, "mig"),
+        [],
+        [config(ts("Long"), requests=["mig"])],
+        f"error: config[0] (FromClaim): a GpuConfig cannot configure {MIG}, which is a MIG "
+        "device (use MigDeviceConfig, or name only requests for full GPUs in this config)",
+        id="gpu-config-naming-a-mig-request",
+    ),
+    pytest.param(
+        result("gpu-0", "gpu"), [], [config(TS_MIG)], "Default", id="claim-wide-mig-config-on-gpu"
+    ),
+    pytest.param(
+        result(MIG, "mig"), [], [config(ts("Long"))], "TimeSlicing", id="claim-wide-gpu-on-mig"
+    ),
+    pytest.param(
+        result(MIG, "mig"), [], [config(MPS_MIG, requests=["mig"])], "MPS", id="mig-config-fits"
+    ),
+    # The last applicable config wins; a claim-wide one of the other kind after it is passed
+    # over, one of the device's kind after it wins and the one before is no error.
+    pytest.param(
+        result("gpu-0", "gpu"),
+        [],
+        [config(ts("Long"), requests=["gpu"]), config(TS_MIG)],
+        "Long",
+        id="claim-wide-other-kind-after-passed-over",
+    ),
+    pytest.param(
+        result("gpu-0", "gpu"),
+        [],
+        [config(TS_MIG, requests=["gpu"]), config(ts("Short"))],
+        "Short",
+        id="claim-wide-fitting-after-wins",
+    ),
+    pytest.param(
+        result("gpu-0", "gpu"),
+        [],
+        [config(TS_MIG, source="FromClass", requests=["gpu"]), config(ts("Medium"))],
+        "Medium",
+        id="class-config-overridden",
+    ),
+    # Another request of the claim (another driver's, say): its config is not this device's.
+    pytest.param(
+        result("gpu-0", "gpu"),
+        ["nic"],
+        [config(TS_MIG, requests=["nic"])],
+        "Default",
+        id="other-request-of-the-claim",
+    ),
+    # A request the claim does not have: the API server refuses such a claim, so only one that
+    # reached the driver another way has it; a misspelled name must not leave a config unused.
+    pytest.param(
+        result("gpu-0", "gpu"),
+        [],
+        [config(ts("Long"), requests=["gpus"])],
+        "error: config[0] (FromClaim): names request 'gpus', which the claim does not have "
+        "(its requests: gpu)",
+        id="request-not-in-the-claim",
+    ),
+    pytest.param(
+        result("gpu-0", "gpu/big"),
+        [],
+        [config(ts("Long"), requests=["gpu/huge"])],
+        "error: config[0] (FromClaim): names request 'gpu/huge', which the claim does not have",
+        id="subrequest-not-in-the-claim",
+    ),
+    # firstAvailable: a config naming the chosen subrequest, or its request, applies to the
+    # chosen subrequest's device (and must fit it); one naming another subrequest does not.
+    pytest.param(
+        result("gpu-0", "gpu/big"),
+        ["gpu/small"],
+        [config(ts("Long"), requests=["gpu/big"])],
+        "Long",
+        id="chosen-subrequest",
+    ),
+    pytest.param(
+        result("gpu-0", "gpu/big"),
+        ["gpu/small"],
+        [config(ts("Long"), requests=["gpu"])],
+        "Long",
+        id="request-of-the-chosen-subrequest",
+    ),
+    pytest.param(
+        result("gpu-0", "gpu/big"),
+        ["gpu/small"],
+        [config(TS_MIG, requests=["gpu/big"])],
+        "error: config[0] (FromClaim): a MigDeviceConfig cannot configure gpu-0, which is a "
+        "full GPU",
+        id="mig-config-naming-the-chosen-subrequest",
+    ),
+    pytest.param(
+        result("gpu-0", "gpu/big"),
+        ["gpu/small"],
+        [config(TS_MIG, requests=["gpu"])],
+        "error: config[0] (FromClaim): a MigDeviceConfig cannot configure gpu-0",
+        id="mig-config-naming-the-request-of-the-chosen-subrequest",
+    ),
+    pytest.param(
+        result("gpu-0", "gpu/big"),
+        ["gpu/small"],
+        [config(TS_MIG, requests=["gpu/small"])],
+        "Default",
+        id="other-subrequest",
+    ),
+]
+
+
+@pytest.mark.parametrize(("allocated", "others", "configs", "expected"), FITS)
+def test_which_config_a_device_gets(
+    allocated: dict[str, Any], others: list[str], configs: list[dict[str, Any]], expected: str
+) -> None:
+    body = claim("uid-1", [allocated], configs=configs, requests=others)
+    if expected.startswith("error: "):
+        with pytest.raises(PlanError) as info:
+            plan(body)
+        assert f"claim default/claim-uid-1: {expected.removeprefix('error: ')}" in str(info.value)
+    else:
+        assert _interval(body) == expected
+
+
+def test_the_claims_configs_are_read_from_its_spec_with_their_requests() -> None:
+    # The 1.37.2 scheduler copies a claim's configs into the allocation without ``requests``
+    # (as fake_claims does): read there, a MigDeviceConfig naming the GPU's request looked
+    # claim-wide and the GPU ran with the default.
+    body = claim("uid-1", [result("gpu-0")], configs=[config(TS_MIG, requests=["gpu"])])
+    assert "requests" not in body["status"]["allocation"]["devices"]["config"][0]
+    with pytest.raises(PlanError, match="a MigDeviceConfig cannot configure gpu-0"):
+        plan(body)
+    # A claim written by hand, with no spec: the allocation's configs are all there is.
+    del body["spec"]
+    assert _interval(body) == "Default"
+    body["status"]["allocation"]["devices"]["config"] = [config(ts("Long"), requests=["gpu"])]
+    assert _interval(body) == "Long"
 
 
 def test_subrequest_uses_base_request_name_and_configs() -> None:
@@ -191,7 +342,11 @@ def test_subrequest_uses_base_request_name_and_configs() -> None:
     planned = plan(body).devices[0]
     assert planned.requests == ("gpu",)
     assert _interval(body) == "Medium"
-    body["status"]["allocation"]["devices"]["config"] = [config(ts("Long"), requests=["gpu"])]
+    body = claim(
+        "uid-1",
+        [result("gpu-0", request="gpu/big")],
+        configs=[config(ts("Long"), requests=["gpu"])],
+    )
     assert _interval(body) == "Long"
 
 
@@ -209,7 +364,11 @@ def test_claim_wide_config_of_the_other_kind_is_passed_over() -> None:
     assert mig.cdi.config == default_mig_device_config()
     # The same with the MigDeviceConfig alone, and both: each device gets its own kind.
     mig_mps = mig_config(sharing={"strategy": "MPS"})
-    body["status"]["allocation"]["devices"]["config"] = [config(mps), config(mig_mps)]
+    body = claim(
+        "uid-1",
+        [result("gpu-0", request="g"), result(MIG, request="m")],
+        configs=[config(mps), config(mig_mps)],
+    )
     gpu, mig = plan(body).devices
     assert gpu.cdi.config == normalized(parse_opaque_config(mps))
     assert mig.cdi.config == normalized(parse_opaque_config(mig_mps))
@@ -230,10 +389,11 @@ def test_only_the_winning_config_must_fit() -> None:
     )
     (mig,) = plan(body).devices
     assert mig.cdi.config == normalized(parse_opaque_config(mig_mps))
-    body["status"]["allocation"]["devices"]["config"] = [
-        config(mig_mps, requests=["m"]),
-        config(gpu_config(), requests=["m"]),
-    ]
+    body = claim(
+        "uid-1",
+        [result(MIG, request="m")],
+        configs=[config(mig_mps, requests=["m"]), config(gpu_config(), requests=["m"])],
+    )
     with pytest.raises(PlanError, match=r"config\[1\] \(FromClaim\): a GpuConfig cannot configure"):
         plan(body)
 

@@ -7,10 +7,12 @@ default vs rolling-update socket names; the CLI lists the subcommand.
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import pytest
 
+from dra_gpu import cli
 from dra_gpu.plugin import settings as plugin_settings
 
 
@@ -29,13 +31,19 @@ def test_defaults() -> None:
     assert s.cdi_root == Path("/var/run/cdi")
     assert s.kubeconfig is None and s.pod_uid is None and s.healthz_port is None
     assert s.healthz_address == "127.0.0.1"
-    assert s.grpc_server == "builtin"
+    assert s.warnings == ()
     assert not s.rolling_update
 
 
-def test_grpcio_server_is_chosen_by_flag_or_environment() -> None:
-    assert parse(["--node-name", "n", "--grpc-server", "grpcio"]).grpc_server == "grpcio"
-    assert parse(["--node-name", "n"], {"GRPC_SERVER": "grpcio"}).grpc_server == "grpcio"
+def test_the_removed_grpc_server_setting_is_accepted_as_grpcio_with_a_warning() -> None:
+    # What a DaemonSet of an older chart (kubeletPlugin.grpcServer=grpcio) still passes when
+    # only its image is updated: the plugin starts, and says to remove it.
+    for settings in (
+        parse(["--node-name", "n", "--grpc-server", "grpcio"]),
+        parse(["--node-name", "n"], {"GRPC_SERVER": "grpcio"}),
+    ):
+        (warning,) = settings.warnings
+        assert "removed: grpcio always serves" in warning and "remove the setting" in warning
 
 
 def test_environment_fills_in_missing_flags() -> None:
@@ -87,7 +95,15 @@ N = {"NODE_NAME": "n"}
         pytest.param(["--rediscover-interval", "1m"], N, "number of seconds", id="interval-nan"),
         pytest.param([], {**N, "REDISCOVER_INTERVAL": "-5"}, ">= 0 seconds", id="interval-neg"),
         pytest.param(["--rediscover-interval", "inf"], N, ">= 0 seconds", id="interval-inf"),
-        pytest.param(["--grpc-server", "go"], N, "builtin or grpcio, got 'go'", id="grpc-server"),
+        pytest.param(
+            ["--grpc-server", "builtin"],
+            N,
+            "GRPC_SERVER was removed: grpcio always serves .*got 'builtin'",
+            id="grpc-server-builtin",
+        ),
+        pytest.param(
+            [], {**N, "GRPC_SERVER": "go"}, "GRPC_SERVER was removed.*got 'go'", id="grpc-server"
+        ),
     ],
 )
 def test_invalid_settings_are_refused_with_a_clear_message(
@@ -114,3 +130,21 @@ def test_socket_names(pod_uid: str | None, reg: str, dra: str) -> None:
     assert paths.registration == Path("/reg") / reg
     assert paths.dra == Path("/data") / dra
     assert paths.lock.parent == Path("/data")
+
+
+def test_a_plugin_started_with_grpc_server_builtin_exits_2_saying_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["kubelet-plugin", "--node-name", "n", "--grpc-server", "builtin"]) == 2
+    err = capsys.readouterr().err
+    assert "--grpc-server / GRPC_SERVER was removed: grpcio always serves" in err
+
+
+def test_a_plugin_started_with_grpc_server_grpcio_logs_the_deprecation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    argv = ["kubelet-plugin", "--node-name", "n", "--grpc-server", "grpcio"]
+    argv += ["--simulate", "h200x8", "--kubeconfig", str(tmp_path / "missing")]
+    assert cli.main(argv) == 1  # it starts (and stops at the kubeconfig that is not there)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("GRPC_SERVER was removed" in w for w in warnings)
