@@ -3,8 +3,9 @@ a small cache over GETs of the claim, made by the telemetry loop, never by a scr
 
 A claim is read once when the telemetry first sees it prepared, again when a process on its
 device runs in a pod its ``reservedFor`` did not name (a pod that joined a shared claim after
-its prepare) but at most every ``refresh_s``, and every ``stale_s`` in any case (a pod that
-joined without a process yet). Claims no longer prepared are forgotten. A failed GET keeps
+its prepare) but at most every ``refresh_s`` and once per such pod (a pod a fresh read did not
+name either, such as the plugin's own pod running an MPS server, is not asked about again),
+and every ``stale_s`` in any case (a pod that joined without a process yet). Claims no longer prepared are forgotten. A failed GET keeps
 what was known; it is logged once per claim until a GET succeeds.
 """
 
@@ -46,6 +47,9 @@ class ClaimPods:
         self._refresh_s, self._stale_s = refresh_s, stale_s
         self._known: dict[str, _Known] = {}
         self._failing: set[str] = set()
+        # Pod UIDs a fresh read of the claim did not name (an MPS server runs in the plugin's
+        # own pod): asked about once, not every ``refresh_s``.
+        self._not_members: dict[str, set[str]] = {}
 
     def update(
         self, held: Mapping[str, Holder], unknown_pods: Mapping[str, frozenset[str]]
@@ -54,13 +58,18 @@ class ClaimPods:
         now = self._clock()
         for uid in set(self._known) - set(held):
             del self._known[uid]
+            self._not_members.pop(uid, None)
         for uid, holder in held.items():
             known = self._known.get(uid)
+            asked = unknown_pods.get(uid, frozenset())
             if known is not None and now - known.fetched_at < self._stale_s:
-                missing = unknown_pods.get(uid, frozenset()) - set(known.pods)
+                missing = asked - set(known.pods) - self._not_members.get(uid, set())
                 if not missing or now - known.fetched_at < self._refresh_s:
                     continue
             self._read(uid, holder, now)
+            read = self._known[uid]
+            if uid not in self._failing:
+                self._not_members[uid] = set(asked - set(read.pods))
 
     def _read(self, uid: str, holder: Holder, now: float) -> None:
         try:

@@ -590,3 +590,15 @@ def test_a_checkpoint_that_cannot_be_read_for_a_pass_keeps_the_labels_and_idle_t
     clock.t += 30
     t.run_once()
     assert [o["kind"] for o, _ in api.events] == ["ResourceClaim", "Pod"]  # 70 s idle in all
+
+
+def test_a_process_of_a_pod_the_claim_never_names_costs_one_more_get_not_one_a_pass() -> None:
+    api, sampler, clock = Api(), FakeSampler(), Clock()
+    api.claims["c"] = claim_json("u1", "c", (POD_A, "client"))
+    plugin_pod = "11111111-2222-4333-8444-555555555555"  # e.g. the MPS server's pod
+    sampler.now["gpu-0"] = usage(0.9, ProcessUsage(5, plugin_pod, 30 << 20, 0.9))
+    t = loop(api, sampler, {"u1": record("c", "gpu-0")}, clock)
+    for _ in range(20):  # 200 s
+        t.run_once()
+        clock.t += 10
+    assert api.gets == ["c"]  # the first read already said the stranger is not its pod
