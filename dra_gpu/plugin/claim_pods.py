@@ -5,8 +5,9 @@ A claim is read once when the telemetry first sees it prepared, again when a pro
 device runs in a pod its ``reservedFor`` did not name (a pod that joined a shared claim after
 its prepare) but at most every ``refresh_s`` and once per such pod (a pod a fresh read did not
 name either, such as the plugin's own pod running an MPS server, is not asked about again),
-and every ``stale_s`` in any case (a pod that joined without a process yet). Claims no longer prepared are forgotten. A failed GET keeps
-what was known; it is logged once per claim until a GET succeeds.
+and every ``stale_s`` in any case (a pod that joined without a process yet). Claims no longer
+prepared are forgotten. A failed GET keeps what was known; it is logged once per claim until a
+GET succeeds.
 """
 
 from __future__ import annotations
