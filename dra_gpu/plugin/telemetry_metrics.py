@@ -50,6 +50,7 @@ SERIES: dict[str, str] = {
     "dra_gpu_pod_memory_used_bytes": "Device memory used by the pod's processes",
     "dra_gpu_pod_utilization_ratio": "SM share of the pod's processes (0..1); absent under MPS",
     "dra_gpu_pod_processes": "Compute processes of the pod on the device",
+    "dra_gpu_pod_compute_share_ratio": "MPS: the SM share each client of the pod's claim may use",
     "dra_gpu_claim_idle_seconds": "Seconds the claim's devices have been idle (0: busy)",
     "dra_gpu_pod_idle_seconds": "Seconds a pod of a shared claim has been idle (0: busy)",
     "dra_gpu_telemetry_pass_cpu_seconds": "CPU time of the last telemetry pass",
@@ -89,6 +90,8 @@ class TelemetryCollector(Collector):
             if pod.utilization_ratio is not None:
                 family["dra_gpu_pod_utilization_ratio"].add_metric(labels, pod.utilization_ratio)
             family["dra_gpu_pod_processes"].add_metric(labels, float(pod.processes))
+            if pod.compute_share is not None:
+                family["dra_gpu_pod_compute_share_ratio"].add_metric(labels, pod.compute_share)
         for idle in snap.idle:
             claim = idle.activity.claim
             if idle.subject.pod_uid:

@@ -14,7 +14,8 @@ Rules:
   does not name keeps its UID with empty namespace and name; processes outside any pod
   (no pod UID) are one row with an empty UID: someone uses the GPU outside Kubernetes.
 * Under MPS the SM samples all go to the MPS server, so a pod of an MPS claim has no
-  utilization (None), only memory; its device's utilization is the whole GPU's.
+  utilization (None), only memory and the compute share its claim configured; its device's
+  utilization is the whole GPU's.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class Holder:
     name: str
     admin_access: bool = False
     mps: bool = False
+    # Under MPS, the share of the SMs each client may use (mpsConfig.defaultActiveThreadPercentage);
+    # None when not MPS or not limited.
+    mps_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class PodRow:
     processes: int
     memory_bytes: int | None
     utilization_ratio: float | None
+    compute_share: float | None = None  # MPS: the SM share each client of the claim may use
 
     @property
     def labels(self) -> dict[str, str]:
@@ -109,13 +114,16 @@ def holders(claims: Mapping[str, ClaimRecord], *, pool: str) -> dict[str, list[H
             if d.pool != pool:
                 continue
             sharing = (d.config or {}).get("sharing") or {}
+            percentage = (sharing.get("mpsConfig") or {}).get("defaultActiveThreadPercentage")
+            mps = sharing.get("strategy") == "MPS"
             out.setdefault(d.device, []).append(
                 Holder(
                     claim_uid=uid,
                     namespace=record.namespace,
                     name=record.name,
                     admin_access=d.admin_access,
-                    mps=sharing.get("strategy") == "MPS",
+                    mps=mps,
+                    mps_share=percentage / 100 if mps and isinstance(percentage, int) else None,
                 )
             )
     return out
@@ -167,6 +175,7 @@ def build_view(
                         if owner is not None and owner.mps
                         else _known_sum([p.sm_ratio for p in processes])
                     ),
+                    compute_share=owner.mps_share if owner is not None and pod_uid else None,
                 )
             )
     return UsageView(

@@ -96,7 +96,9 @@ def record(
     admin: bool = False,
     pool: str = NODE,
 ) -> ClaimRecord:
-    config = {"sharing": {"strategy": "MPS" if mps else "TimeSlicing"}}
+    config: dict[str, Any] = {"sharing": {"strategy": "MPS" if mps else "TimeSlicing"}}
+    if mps:
+        config["sharing"]["mpsConfig"] = {"defaultActiveThreadPercentage": 50}
     return ClaimRecord(
         state=state,  # type: ignore[arg-type]
         namespace="team",
@@ -181,7 +183,11 @@ def test_under_mps_pods_have_memory_but_no_utilization() -> None:
     )
     (row,) = view.pods
     assert row.memory_bytes == 774 << 20 and row.utilization_ratio is None
+    assert row.compute_share == 0.5  # what the claim's mpsConfig allows each client
     assert view.devices[0].usage.utilization_ratio == 0.99  # the GPU's, whole
+    s = scrape(telemetry.Snapshot(view))
+    assert series(s, "dra_gpu_pod_utilization_ratio") == []
+    assert series(s, "dra_gpu_pod_compute_share_ratio", pod_name="client") == [0.5]
 
 
 def test_a_pod_the_claim_does_not_name_is_kept_by_uid_and_asked_about() -> None:
