@@ -218,7 +218,7 @@ class KubeletPlugin:
             return
         from dra_gpu.plugin import telemetry_wiring
 
-        assert self._devices is not None
+        assert self._devices is not None and self._monitor is not None
         telemetry_wiring.start(
             self.settings,
             platform=platform,
@@ -228,6 +228,7 @@ class KubeletPlugin:
             registry=self.measured.registry,
             stop=self._plugin.stop_event,
             observe=self.measured.nvml_call,
+            health_events=self._monitor.event_counts,
         )
 
     # --- what the parts call back -------------------------------------------------------------

@@ -8,9 +8,9 @@ bounded by the devices of one node and the pods that use them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dra_gpu.plugin.telemetry import Snapshot
@@ -57,11 +57,20 @@ SERIES: dict[str, str] = {
 }
 
 
-class TelemetryCollector(Collector):
-    def __init__(self, current: Callable[[], Snapshot]) -> None:
-        self._current = current
+# Counted by the health monitor (XID, ECC and the other NVML health events), not sampled.
+HEALTH_EVENTS = "dra_gpu_device_health_events"
+HEALTH_EVENT_LABELS = ("node", "device", "uuid", "kind")
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+
+class TelemetryCollector(Collector):
+    def __init__(
+        self,
+        current: Callable[[], Snapshot],
+        health_events: Callable[[], Mapping[tuple[str, str], int]] = dict,
+    ) -> None:
+        self._current, self._health_events = current, health_events
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         snap = self._current()
         node = snap.view.node
         family = {
@@ -112,7 +121,16 @@ class TelemetryCollector(Collector):
                     [node, claim.namespace, claim.name], idle.seconds
                 )
         family["dra_gpu_telemetry_pass_cpu_seconds"].add_metric([node], snap.last_pass_s)
-        return list(family.values())
+        events = CounterMetricFamily(
+            HEALTH_EVENTS,
+            "XID, ECC and other NVML health events seen since the plugin started, by GPU and kind",
+            labels=HEALTH_EVENT_LABELS,
+        )
+        # A MIG device's events are its GPU's: named by the full GPU's device, when published.
+        names = {r.device.uuid: r.device.name for r in snap.view.devices if r.device.mig is None}
+        for (uuid, kind), count in sorted(self._health_events().items()):
+            events.add_metric([node, names.get(uuid, ""), uuid, kind], count)
+        return [*family.values(), events]
 
 
 def _labels_of(name: str) -> tuple[str, ...]:

@@ -32,8 +32,10 @@ def start(
     registry: CollectorRegistry,
     stop: threading.Event,
     observe: NvmlObserver | None = None,
+    health_events: Callable[[], Mapping[tuple[str, str], int]] = dict,
 ) -> telemetry.Telemetry | None:
-    """The started loop, its series registered on ``registry``; None when switched off."""
+    """The started loop, its series registered on ``registry``; None when switched off.
+    ``health_events``: (GPU UUID, kind) -> count of the XID/ECC events the health monitor saw."""
     if settings.telemetry_interval_s is None:
         return None
     from dra_gpu.plugin.claim_pods import ClaimPods
@@ -70,7 +72,7 @@ def start(
         ),
         post=post,
     )
-    registry.register(TelemetryCollector(lambda: loop.snapshot))
+    registry.register(TelemetryCollector(lambda: loop.snapshot, health_events))
     loop.start(stop)
     log.info(
         "telemetry every %gs%s",

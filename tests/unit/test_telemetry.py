@@ -608,3 +608,40 @@ def test_a_process_of_a_pod_the_claim_never_names_costs_one_more_get_not_one_a_p
         t.run_once()
         clock.t += 10
     assert api.gets == ["c"]  # the first read already said the stranger is not its pod
+
+
+def test_xid_and_ecc_events_the_health_monitor_sees_are_counted_per_gpu() -> None:
+    from dra_gpu.devices import health_rules
+    from dra_gpu.devices.health_events import HealthEvent
+    from dra_gpu.plugin.health_monitor import HealthMonitor
+
+    devs = devices()
+    monitor = HealthMonitor(
+        rules=health_rules.Rules(),
+        driver="gpu.nvidia.com",
+        devices=devs,
+        publish=lambda *a, **kw: None,
+        probe=lambda gpu: True,
+        commands=None,
+        accept_injected=False,
+    )
+    gpu3 = next(d for d in devs if d.name == "gpu-3")
+    assert gpu3.uuid is not None
+    for code in (79, 13, 79):  # taken, ignored by the default rules, taken again
+        monitor.submit(HealthEvent(gpu3.uuid, "xid", code))
+    monitor.submit(HealthEvent(gpu3.uuid, "ecc-double-bit"))
+    view = usage_series.build_view(
+        node=NODE, devices=devs, usage={"gpu-3": usage(0.0)}, held={}, pods={}
+    )
+    registry = CollectorRegistry()
+    registry.register(TelemetryCollector(lambda: telemetry.Snapshot(view), monitor.event_counts))
+    s = {
+        (x.name, x.labels.get("kind"), x.labels.get("device")): x.value
+        for f in text_string_to_metric_families(generate_latest(registry).decode())
+        for x in f.samples
+        if x.name == "dra_gpu_device_health_events_total"
+    }
+    assert s == {
+        ("dra_gpu_device_health_events_total", "xid", "gpu-3"): 3,
+        ("dra_gpu_device_health_events_total", "ecc-double-bit", "gpu-3"): 1,
+    }

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from dra_gpu import metrics
-from dra_gpu.plugin.telemetry_metrics import SERIES
+from dra_gpu.plugin.telemetry_metrics import HEALTH_EVENTS, SERIES
 
 CHART = Path(__file__).resolve().parents[2] / "manifests" / "helm" / "dra-gpu"
 NAME = re.compile(r"\bdra_gpu_[a-z_]+")
@@ -27,7 +27,7 @@ def exported() -> set[str]:
         for family in plugin.registry.collect()
         for suffix in SUFFIXES[family.type]
     }
-    return driver | set(SERIES)
+    return driver | set(SERIES) | {f"{HEALTH_EVENTS}_total"}
 
 
 def test_every_telemetry_panel_queries_exported_series() -> None:
@@ -52,7 +52,7 @@ def test_every_alert_queries_exported_series() -> None:
     template = (CHART / "templates" / "metrics.yaml").read_text()
     rules = template[template.index("kind: PrometheusRule") :]
     alerts = re.findall(r"- alert: (\w+)\n\s+expr: (.+)", rules)
-    assert {a for a, _ in alerts} >= {"DraGpuClaimIdle", "DraGpuHot", "DraGpuUnhealthy"}
+    assert {a for a, _ in alerts} >= {"DraGpuClaimIdle", "DraGpuHot", "DraGpuXid"}
     for alert, expr in alerts:
         used = set(NAME.findall(expr))
         assert used and not used - exported(), (alert, used - exported())
