@@ -112,6 +112,18 @@ class PluginMetrics:
             registry=r,
         )
 
+        self.claim_status_updates = Counter(
+            "dra_gpu_plugin_claim_device_status_updates",
+            "Writes of prepared claims' status.devices, by result (written, unchanged, retry, "
+            "dropped, unsupported)",
+            ["result"],
+            registry=r,
+        )
+
+    def claim_status(self, result: str) -> None:
+        """Observer for the device status writer: one attempt ended with ``result``."""
+        self.claim_status_updates.labels(result).inc()
+
     def nvml_call(self, function: str, seconds: float, outcome: str) -> None:
         """Observer for the NVML backend: one call of ``function`` ended with ``outcome``."""
         self.nvml_latency.labels(function).observe(seconds)

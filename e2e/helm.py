@@ -110,8 +110,9 @@ def render(
     values_files: Sequence[Path] = (),
     chart: Path = CHART,
     helm: Path | None = None,
+    kube_version: str = KUBE_VERSION,
 ) -> str:
-    """``helm template`` of ``chart``: the multi-document YAML it prints."""
+    """``helm template`` of ``chart`` for ``kube_version``: the multi-document YAML it prints."""
     cmd = [
         str(helm or ensure_helm()),
         "template",
@@ -120,7 +121,7 @@ def render(
         "--namespace",
         namespace,
         "--kube-version",
-        KUBE_VERSION,
+        kube_version,
     ]
     for path in values_files:
         cmd += ["--values", str(path)]

@@ -140,6 +140,9 @@ class GpuInfo:
     # Dynamic MIG (the node's setting): MIG devices are created for claims, so every
     # (profile, placement) is published as a partition of the GPU (docs/dynamic-mig.md).
     mig_dynamic: bool = False
+    # The GPU's NUMA node (>= 0); None when neither NVML nor sysfs knows it (common in VMs),
+    # so an unknown node is never published as node 0 or -1.
+    numa_node: int | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,7 @@ ATTR_CUDA_DRIVER_VERSION = "cudaDriverVersion"
 ATTR_ADDRESSING_MODE = "addressingMode"
 ATTR_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 ATTR_PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+ATTR_NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 CAP_MEMORY = "memory"
 CAP_MULTIPROCESSORS = "multiprocessors"
@@ -242,9 +246,11 @@ _COMMON_ATTRIBUTES: tuple[str, ...] = (
     ATTR_CUDA_DRIVER_VERSION,
     ATTR_PCI_BUS_ID,
     ATTR_PCIE_ROOT,
+    ATTR_NUMA_NODE,
 )
 
-#: Every attribute a full GPU may carry (``addressingMode`` and ``pcieRoot`` only when known).
+#: Every attribute a full GPU may carry (``addressingMode``, ``pcieRoot`` and ``numaNode``
+#: only when known).
 GPU_ATTRIBUTE_NAMES: frozenset[str] = frozenset((*_COMMON_ATTRIBUTES, ATTR_ADDRESSING_MODE))
 #: Every attribute a MIG device may carry (``uuid`` only for MIG devices that exist).
 MIG_ATTRIBUTE_NAMES: frozenset[str] = frozenset(
@@ -281,4 +287,5 @@ ATTRIBUTE_KINDS: Mapping[str, type] = {
     ATTR_ADDRESSING_MODE: str,
     ATTR_PCI_BUS_ID: str,
     ATTR_PCIE_ROOT: str,
+    ATTR_NUMA_NODE: int,
 }

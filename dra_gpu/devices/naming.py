@@ -15,6 +15,9 @@ Compatibility contract (claims written for NVIDIA's driver must select our devic
 * ``addressingMode`` is NVML's mode as NVIDIA names it (``None``, ``HMM``, ``ATS``) and is left
   out only where NVML cannot answer (NOT_SUPPORTED); ``pcieRoot`` is left out when unknown rather
   than published empty.
+* ``resource.kubernetes.io/numaNode`` is the GPU's NUMA node (a MIG device: its parent's), left
+  out when unknown: a VM often cannot tell, and a guessed 0 would let ``matchAttribute`` pair
+  GPUs that share no node.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ def _common_attributes(gpu: GpuInfo) -> dict[str, AttributeValue]:
     }
     if gpu.pcie_root:
         attrs[model.ATTR_PCIE_ROOT] = gpu.pcie_root
+    if gpu.numa_node is not None:
+        attrs[model.ATTR_NUMA_NODE] = gpu.numa_node
     return attrs
 
 

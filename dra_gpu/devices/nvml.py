@@ -269,6 +269,7 @@ class NvmlBackend:
             pci_bus_id=bus_id,
             pcie_root=pci.pcie_root(bus_id, sysfs_root=self._sysfs_root),
             addressing_mode=self._addressing_mode(h),
+            numa_node=self._numa_node(h, bus_id),
             mig_enabled=mig_enabled,
             mig_capable=mig_capable,
             mig_table=migprofiles.table_key_for_product(name),
@@ -295,6 +296,19 @@ class NvmlBackend:
                 return None
             raise
         return ADDRESSING_MODE_NAMES.get(int(mode))
+
+    def _numa_node(self, h: Any, bus_id: str) -> int | None:
+        """NVML's answer, else sysfs's; None when neither knows (never a guessed 0 or -1)."""
+        try:
+            node = int(self._call("nvmlDeviceGetNumaNodeId", h))
+        except GpuReadError as e:
+            # Older drivers lack the call; VMs answer NOT_SUPPORTED (the H200 VM does).
+            if not self._is(e, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+                raise
+        else:
+            if node >= 0:
+                return node
+        return pci.numa_node(bus_id, sysfs_root=self._sysfs_root)
 
     # -- MIG --------------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ lower case) while NVML prints ``00000000:00:06.0``. The PCIe root is the first c
 device's resolved sysfs path: ``/sys/bus/pci/devices/<busid>`` is a link into
 ``/sys/devices/pci<domain>:<bus>/...``, and devices under one root share a root complex, which
 is what ``matchAttribute: resource.kubernetes.io/pcieRoot`` is for (GPU next to its NIC).
+The device's ``numa_node`` file holds its NUMA node, or ``-1`` when the firmware does not say
+(what a VM typically reads).
 """
 
 from __future__ import annotations
@@ -38,3 +40,13 @@ def pcie_root(bus_id: str, *, sysfs_root: Path = Path("/sys")) -> str | None:
         if _ROOT.match(part):
             return part
     return None
+
+
+def numa_node(bus_id: str, *, sysfs_root: Path = Path("/sys")) -> int | None:
+    """The device's NUMA node from sysfs; None when absent, unreadable or ``-1`` (unknown)."""
+    path = sysfs_root / "bus" / "pci" / "devices" / bus_id / "numa_node"
+    try:
+        node = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None

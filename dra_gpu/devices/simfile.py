@@ -46,6 +46,8 @@ class GpuEntry(_Strict):
     addressing_mode: Literal["None", "HMM", "ATS"] | None = Field(
         default="None", alias="addressingMode"
     )
+    # absent or null: unknown, and the attribute is left out (what a VM typically reports)
+    numa_node: int | None = Field(default=None, alias="numaNode", ge=0)
     mig: MigEntry = Field(default_factory=MigEntry)
 
     @model_validator(mode="after")
@@ -76,6 +78,7 @@ def _to_profile(name: str, doc: ProfileFile) -> SimProfile:
                     addressing_mode=entry.addressing_mode,
                     product_name=entry.product_name,
                     memory_bytes=entry.memory_bytes,
+                    numa_node=entry.numa_node,
                 )
             )
     return SimProfile(

@@ -94,6 +94,7 @@ class SimGpu:
     addressing_mode: str | None = "None"  # what NVML reports on the fixture's H200
     product_name: str | None = None  # overrides the product's
     memory_bytes: int | None = None  # overrides the product's
+    numa_node: int | None = None  # None: unknown (left out, as on a VM)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ def default_pci(i: int) -> tuple[str, str]:
     return f"{domain:04x}:{bus:02x}:00.0", f"pci{domain:04x}:{bus - 3:02x}"
 
 
-# An HGX 8-GPU board: every GPU behind its own PCIe root.
+# An HGX 8-GPU board: every GPU behind its own PCIe root; GPUs 0-3 on the first socket's NUMA
+# node, 4-7 on the second's (two-socket hosts), so matchAttribute on numaNode pairs within a half.
 _HGX_PCI = (
     ("0000:18:00.0", "pci0000:15"),
     ("0000:2a:00.0", "pci0000:27"),
@@ -123,31 +125,47 @@ _HGX_PCI = (
     ("0000:db:00.0", "pci0000:d7"),
 )
 
+
+def _hgx_numa(i: int) -> int:
+    return i // 4
+
+
 _A100 = "A100-SXM4-40GB"
 
 BUILTIN_PROFILES: Mapping[str, SimProfile] = {
     "h200x8": SimProfile(
         name="h200x8",
-        gpus=tuple(SimGpu("H200-141GB", bus, root) for bus, root in _HGX_PCI),
+        gpus=tuple(
+            SimGpu("H200-141GB", bus, root, numa_node=_hgx_numa(i))
+            for i, (bus, root) in enumerate(_HGX_PCI)
+        ),
     ),
     "h100x8": SimProfile(
         name="h100x8",
-        gpus=tuple(SimGpu("H100-80GB", bus, root) for bus, root in _HGX_PCI),
+        gpus=tuple(
+            SimGpu("H100-80GB", bus, root, numa_node=_hgx_numa(i))
+            for i, (bus, root) in enumerate(_HGX_PCI)
+        ),
     ),
     # MIG on, no MIG devices: for nodes with --mig-mode=dynamic (claims create them).
     "h100x8-mig": SimProfile(
         name="h100x8-mig",
-        gpus=tuple(SimGpu("H100-80GB", bus, root, mig_enabled=True) for bus, root in _HGX_PCI),
+        gpus=tuple(
+            SimGpu("H100-80GB", bus, root, mig_enabled=True, numa_node=_hgx_numa(i))
+            for i, (bus, root) in enumerate(_HGX_PCI)
+        ),
     ),
     "a100x4-mig": SimProfile(
         name="a100x4-mig",
         gpus=(
-            # two GPUs per root complex, as on a two-socket A100 server
-            SimGpu(_A100, "0000:07:00.0", "pci0000:00"),
+            # two GPUs per root complex, one root complex per socket (NUMA node), as on a
+            # two-socket A100 server
+            SimGpu(_A100, "0000:07:00.0", "pci0000:00", numa_node=0),
             SimGpu(
                 _A100,
                 "0000:0f:00.0",
                 "pci0000:00",
+                numa_node=0,
                 mig_enabled=True,
                 mig_devices=(
                     SimMig("2g.10gb", 0),
@@ -160,6 +178,7 @@ BUILTIN_PROFILES: Mapping[str, SimProfile] = {
                 _A100,
                 "0000:47:00.0",
                 "pci0000:40",
+                numa_node=1,
                 mig_enabled=True,
                 mig_devices=(SimMig("4g.20gb", 0), SimMig("2g.10gb", 4), SimMig("1g.5gb+me", 6)),
             ),
@@ -167,6 +186,7 @@ BUILTIN_PROFILES: Mapping[str, SimProfile] = {
                 _A100,
                 "0000:4e:00.0",
                 "pci0000:40",
+                numa_node=1,
                 mig_enabled=True,
                 mig_devices=(SimMig("3g.20gb", 0), SimMig("3g.20gb", 4)),
             ),
@@ -242,6 +262,7 @@ class SimulatedBackend:
             pci_bus_id=sim.pci_bus_id,
             pcie_root=sim.pcie_root,
             addressing_mode=sim.addressing_mode,
+            numa_node=sim.numa_node,
             mig_enabled=sim.mig_enabled,
             mig_capable=product.mig_table is not None,
             mig_table=product.mig_table,

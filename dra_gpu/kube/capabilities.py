@@ -99,6 +99,24 @@ class Capabilities:
         return self.server.at_least(1, 36)
 
     @property
+    def device_status_stage(self) -> str:
+        """ResourceClaim device status (KEP-4817, ``DRAResourceClaimDeviceStatus``): GA from
+        1.37, beta and on by default before (an API server with the gate off drops it; the
+        writer finds that out at its first write)."""
+        return "GA" if self.server.at_least(1, 37) else "beta"
+
+    @property
+    def device_status_permission(self) -> str:
+        """What the API server checks before it stores a driver's ``status.devices`` entries."""
+        if self.claim_driver_subresource:
+            # DRAResourceClaimGranularStatusAuthorization (beta, on from 1.36)
+            return (
+                "resourceclaims/status update and resourceclaims/driver associated-node:update "
+                "for the driver's name (granular status authorization)"
+            )
+        return "resourceclaims/status update"
+
+    @property
     def kubelet_dra_service(self) -> str | None:
         """The ``DRAPlugin`` version this node's kubelet picks of the two the plugin offers."""
         if self.kubelet is None:
@@ -144,6 +162,8 @@ class Capabilities:
             f"device taints {on(self.device_taints)}, "
             f"partitionable devices {on(self.partitionable_devices)} "
             f"(counters in {where}); "
+            f"claim device status {self.device_status_stage} "
+            f"(needs {self.device_status_permission}); "
             f"{kubelet}"
         )
 

@@ -136,9 +136,30 @@ class ResourceClaimConsumerReference(TypedDict, total=False):
     uid: Required[str]
 
 
+class Condition(TypedDict, total=False):
+    type: Required[str]
+    status: Required[str]  # "True", "False" or "Unknown"
+    reason: Required[str]  # CamelCase
+    message: str
+    lastTransitionTime: Required[str]  # RFC 3339
+    observedGeneration: int
+
+
+class AllocatedDeviceStatus(TypedDict, total=False):
+    """One entry of ``status.devices`` (KEP-4817): written by the driver that prepared it."""
+
+    driver: Required[str]
+    pool: Required[str]
+    device: Required[str]
+    shareID: str
+    conditions: list[Condition]
+    data: dict[str, Any]  # any JSON object, at most 10 KiB
+
+
 class ResourceClaimStatus(TypedDict, total=False):
     allocation: AllocationResult
     reservedFor: list[ResourceClaimConsumerReference]
+    devices: list[AllocatedDeviceStatus]
 
 
 class ResourceClaim(TypedDict, total=False):

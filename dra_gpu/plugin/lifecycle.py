@@ -30,11 +30,13 @@ from dra_gpu.plugin import settings as plugin_settings
 if TYPE_CHECKING:
     from dra_gpu import metrics
     from dra_gpu.devices.model import Device, GpuBackend
+    from dra_gpu.kube.capabilities import Capabilities
     from dra_gpu.kube.client import KubeClient
     from dra_gpu.kube.objects import ResourceSlice
     from dra_gpu.kubeletplugin.publisher import SliceStore
     from dra_gpu.mig.dynamic import DynamicMig
     from dra_gpu.plugin.platforms import Platform
+    from dra_gpu.prepare.device_status import DeviceStatusWriter
     from dra_gpu.prepare.events import FailureEvents
     from dra_gpu.prepare.state import DeviceState
 
@@ -59,6 +61,7 @@ class KubeletPlugin:
         self._monitor: health_monitor.HealthMonitor | None = None
         self._state: DeviceState | None = None
         self._events: FailureEvents | None = None
+        self._status: DeviceStatusWriter | None = None
 
     @classmethod
     def start(cls, settings: plugin_settings.Settings) -> KubeletPlugin:
@@ -133,7 +136,7 @@ class KubeletPlugin:
         )
         try:
             plugin.start_publishing()
-            self._start_prepare_side(platform, client)
+            self._start_prepare_side(platform, client, detected)
             self._serve_kubelet(platform, backend, devices, discovery_errors)
             self._start_telemetry(platform, client)
         except (sockets.SocketError, OSError) as err:
@@ -166,8 +169,10 @@ class KubeletPlugin:
                 f"cannot serve /metrics at {self.settings.metrics_address}: {err}"
             ) from err
 
-    def _start_prepare_side(self, platform: Platform, client: KubeClient) -> None:
-        from dra_gpu.prepare import events
+    def _start_prepare_side(
+        self, platform: Platform, client: KubeClient, detected: Capabilities | None
+    ) -> None:
+        from dra_gpu.prepare import device_status, events
 
         assert self._plugin is not None and self._devices is not None
         self._state = state = device_state(
@@ -175,8 +180,23 @@ class KubeletPlugin:
         )
         with self._plugin.exclusive():
             state.start()  # restore: roll back or finish what a crash left, rebuild CDI specs
-        # What answers the kubelet: the state, plus Events on failures, plus metrics when asked.
-        self._events = events.FailureEvents(state, client, node_name=self.settings.node_name)
+        # Written after the answer, by its own thread: the claims' status.devices.
+        self._status = device_status.DeviceStatusWriter(
+            client,
+            driver=self.settings.driver_name,
+            record_of=device_status.completed_records(state.store),
+            inventory=self._devices.by_name,
+            observe=self.measured.claim_status if self.measured is not None else None,
+            forbidden_hint=detected.device_status_permission if detected is not None else "",
+        )
+        self._status.start()
+        # What answers the kubelet: the state, plus device status and Events on failures, plus
+        # metrics when asked.
+        self._events = events.FailureEvents(
+            device_status.StatusReporting(state, self._status),
+            client,
+            node_name=self.settings.node_name,
+        )
 
     def _serve_kubelet(
         self,
@@ -273,6 +293,8 @@ class KubeletPlugin:
             self._plugin.stop()
         if self._events is not None:
             self._events.close()
+        if self._status is not None:
+            self._status.stop()
         if self._stop_metrics is not None:
             self._stop_metrics()
             self._stop_metrics = None

@@ -76,7 +76,7 @@ from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice
 from dra_gpu.kubeletplugin.driver import PrepareResult as PrepareResult
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.mig.instances import InstanceError
-from dra_gpu.prepare import cdi, records
+from dra_gpu.prepare import cdi, device_metadata, records
 from dra_gpu.prepare.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -288,7 +288,9 @@ class DeviceState:
     def _prepare_locked(self, ref: ClaimRef, fetched: _Fetched) -> tuple[PreparedDevice, ...]:
         record = self.store.load().claims.get(ref.uid)
         if _answers(record):
-            if not cdi.spec_path(self.settings.cdi_root, ref.uid).exists():
+            if not cdi.spec_path(self.settings.cdi_root, ref.uid).exists() or self._lacks_metadata(
+                ref.uid, record
+            ):
                 # Someone removed it since: the answer is only useful with the spec in place.
                 _, problems = self._restore_specs({ref.uid: record})
                 if problems:
@@ -308,17 +310,19 @@ class DeviceState:
             pool=self.settings.node_name,
             inventory=inventory,
         )
+        pod_claim = device_metadata.pod_claim_name(claim["metadata"].get("annotations"))
         devices = [d.cdi for d in plan.devices]
-        spec = self._spec(ref.uid, str(ref), devices)
+        spec = self._spec(ref.uid, str(ref), devices, self._metadata(plan, pod_claim))
         if record is not None and record.from_spec:
             # Prepared before the checkpoint lost the record: the claim stays prepared whatever
             # happens here, so no roll-back. Full facts first, then the spec is replaced
             # atomically (on failure the old one, naming the same devices, stays).
-            made = self._with_mig_devices(plan, inventory)  # those it has (in the ledger)
+            made = self._with_mig_devices(plan, inventory, pod_claim)  # those it has (ledger)
             if made is not None:
                 plan, spec = made
             rebuilt = records.claim_record(plan, state=PREPARE_COMPLETED)
             self.store.update(self._recorded(plan, rebuilt), durable=True)
+            self._write_metadata(self._metadata(plan, pod_claim), inventory)
             cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
             log.info("prepared %s (%s) again, record rebuilt from its spec completed", ref, ref.uid)
             return records.prepared_devices(rebuilt)
@@ -334,7 +338,7 @@ class DeviceState:
         recorded = started is not None
         try:
             if started is not None:
-                made = self._with_mig_devices(plan, inventory)
+                made = self._with_mig_devices(plan, inventory, pod_claim)
                 if made is not None:
                     plan, spec = made
                     devices = [d.cdi for d in plan.devices]
@@ -355,6 +359,9 @@ class DeviceState:
                 completed = started.model_copy(update={"state": PREPARE_COMPLETED})
                 self.store.update(lambda cp: cp.with_claim(ref.uid, completed), durable=True)
             self._fault("after-checkpoint-completed")
+            # Beside the spec, after the record (never a file without one), before the spec
+            # that mounts it.
+            self._write_metadata(self._metadata(plan, pod_claim), inventory)
             cdi.write_encoded(self.settings.cdi_root, ref.uid, data)
         except Exception:
             self._roll_back(ref.uid, devices, recorded=recorded)
@@ -364,7 +371,7 @@ class DeviceState:
         return records.prepared_devices(completed)
 
     def _with_mig_devices(
-        self, plan: ClaimPlan, inventory: Mapping[str, Device]
+        self, plan: ClaimPlan, inventory: Mapping[str, Device], pod_claim: str | None
     ) -> tuple[ClaimPlan, dict[str, Any]] | None:
         """Dynamic MIG: the plan with its MIG devices created (or found) and its CDI spec; None
         when it has none to create."""
@@ -373,7 +380,7 @@ class DeviceState:
         plan = _with_instances(plan, inventory, self._mig)
         devices = [d.cdi for d in plan.devices]
         ref = plan.ref
-        return plan, self._spec(ref.uid, str(ref), devices)
+        return plan, self._spec(ref.uid, str(ref), devices, self._metadata(plan, pod_claim))
 
     def _recorded(self, plan: ClaimPlan, record: ClaimRecord) -> Callable[[Checkpoint], Checkpoint]:
         """Records ``record`` for the planned claim unless another claim holds its devices."""
@@ -401,6 +408,7 @@ class DeviceState:
         checkpoint."""
         try:
             cdi.remove_spec(self.settings.cdi_root, uid)
+            device_metadata.remove(self.settings.state_dir, uid)
             try:
                 self._sharing.undo(uid, devices, lambda: self._other_claims(uid))
             except SharingError as exc:  # the record goes anyway: the next start repairs
@@ -422,6 +430,7 @@ class DeviceState:
                 # another instance may have recorded it since.
                 known = ref.uid in self.store.peek().claims or ref.uid in self.store.load().claims
                 cdi.remove_spec(self.settings.cdi_root, ref.uid)
+                device_metadata.remove(self.settings.state_dir, ref.uid)
                 if self._mig is not None:
                     self._mig.release(ref.uid)  # before the record: a crash destroys again
                 if not known:
@@ -470,14 +479,70 @@ class DeviceState:
         gpus = [d.uuid for d in self._inventory().values() if d.type == "gpu" and d.uuid]
         return self._sharing.repair(completed, gpus)
 
-    def _spec(self, uid: ClaimUID, ref: str, devices: Sequence[cdi.ClaimDevice]) -> dict[str, Any]:
+    def _spec(
+        self,
+        uid: ClaimUID,
+        ref: str,
+        devices: Sequence[cdi.ClaimDevice],
+        metadata: device_metadata.ClaimMetadata | None = None,
+    ) -> dict[str, Any]:
+        mounts = (
+            {}
+            if metadata is None
+            else device_metadata.cdi_edits(
+                metadata, driver=self.settings.driver_name, state_dir=self.settings.state_dir
+            )
+        )
         return cdi.build_spec(
             claim_uid=uid,
             claim_ref=ref,
             devices=devices,
             node=self._node(devices),
-            device_edits=self._sharing.cdi_edits(uid, devices),
+            device_edits=device_metadata.merge_edits(self._sharing.cdi_edits(uid, devices), mounts),
         )
+
+    # --- device metadata (device_metadata: the files the claim's CDI spec mounts) ---------------
+
+    @staticmethod
+    def _metadata(plan: ClaimPlan, pod_claim: str | None) -> device_metadata.ClaimMetadata:
+        return device_metadata.from_plan(plan, pod_claim=pod_claim)
+
+    def _write_metadata(
+        self, metadata: device_metadata.ClaimMetadata, inventory: Mapping[str, Device]
+    ) -> None:
+        device_metadata.write(
+            metadata,
+            driver=self.settings.driver_name,
+            state_dir=self.settings.state_dir,
+            inventory=inventory,
+        )
+
+    def _lacks_metadata(self, uid: ClaimUID, record: ClaimRecord) -> bool:
+        meta = device_metadata.from_record(uid, record, pod_claim=None)
+        return device_metadata.missing(meta, state_dir=self.settings.state_dir)
+
+    def _recorded_metadata(
+        self, uid: ClaimUID, record: ClaimRecord
+    ) -> device_metadata.ClaimMetadata:
+        """A recorded claim's metadata; the pod's name for the claim (its files' path) read from
+        a file written earlier, else from the claim (a file lost before it reached the disk)."""
+        found, pod_claim = device_metadata.recorded_pod_claim_name(self.settings.state_dir, uid)
+        if not found and any(d.request_names for d in record.devices):
+            try:
+                claim = self._claims.get_claim(namespace=record.namespace, name=record.name)
+            except Exception as exc:  # the API server down at start: the claims' path is used
+                log.warning(
+                    "device metadata of %s/%s (%s): claim not readable (%s); files rebuilt "
+                    "under resourceclaims/",
+                    record.namespace,
+                    record.name,
+                    uid,
+                    exc,
+                )
+                claim = None
+            if claim is not None and claim["metadata"].get("uid") == uid:
+                pod_claim = device_metadata.pod_claim_name(claim["metadata"].get("annotations"))
+        return device_metadata.from_record(uid, record, pod_claim=pod_claim)
 
     def _unexpected(self, what: str, ref: ClaimRef, exc: Exception) -> str:
         if isinstance(exc, CheckpointCorrupt):
@@ -529,18 +594,25 @@ class DeviceState:
             return StartReport(problems=(problem,))
         boot = self._boot_id()
         root = self.settings.cdi_root
-        temp_files = cdi.remove_temp_files(root) + self.store.remove_temp_files()
+        temp_files = (
+            cdi.remove_temp_files(root)
+            + self.store.remove_temp_files()
+            + device_metadata.remove_temp_files(self.settings.state_dir)
+        )
         started = [ClaimUID(u) for u, r in checkpoint.claims.items() if r.state == PREPARE_STARTED]
         for uid in started:
             cdi.remove_spec(root, uid)
         present = cdi.list_specs(root)
         rebooted = checkpoint.boot_id not in ("", boot)
+        completed = {u for u, r in checkpoint.claims.items() if r.state == PREPARE_COMPLETED}
+        for uid in device_metadata.claims_with_files(self.settings.state_dir) - completed:
+            device_metadata.remove(self.settings.state_dir, uid)  # rolled back, or unprepared
         missing = {
             ClaimUID(u): r
             for u, r in checkpoint.claims.items()
             if r.state == PREPARE_COMPLETED
             and not r.from_spec  # its spec comes back with the kubelet's next prepare
-            and (rebooted or u not in present)
+            and (rebooted or u not in present or self._lacks_metadata(ClaimUID(u), r))
         }
         rewritten, problems = self._restore_specs(missing)
         found = self._adopt_specs(checkpoint).claims
@@ -636,7 +708,10 @@ class DeviceState:
             ref = f"{record.namespace}/{record.name}"
             try:
                 devices = records.claim_devices(record)
-                spec = self._spec(uid, ref, devices)
+                metadata = self._recorded_metadata(uid, record)
+                spec = self._spec(uid, ref, devices, metadata)
+                if device_metadata.missing(metadata, state_dir=self.settings.state_dir):
+                    self._write_metadata(metadata, self._inventory())
                 cdi.write_spec(self.settings.cdi_root, uid, spec)
                 rewritten.append(uid)
             except (records.RecordIncomplete, ConfigError, cdi.CDIError, OSError) as exc:

@@ -8,6 +8,7 @@ ResourceSlices (never from what the container printed), so a container cannot vo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.config.quantity import to_bytes as parse_quantity
 from dra_gpu.prepare.cdi import env_prefix
 from e2e.suite import needs
+from e2e.suite.kube import WaitTimeout, wait_for
 from e2e.suite.runner import Check, Context, Run, Scenario
 
 
@@ -70,6 +72,89 @@ def attribute_is(name: str, expected: object) -> Check:
         return _each_device(ctx, run, judge)
 
     return check
+
+
+def one_known_value_of(name: str) -> Check:
+    """All devices of each container share one value of ``name`` (from the slices), and have it."""
+
+    def check(ctx: Context, run: Run) -> list[str]:
+        problems = []
+        for c in run.containers:
+            values = {d: _attribute(device_facts(ctx, c.pools[d], d), name) for d in set(c.devices)}
+            if None in values.values() or len(set(values.values())) > 1:
+                problems.append(f"{c.pod}/{c.container}: {name} of its devices: {values}")
+        return problems
+
+    return check
+
+
+def _published(facts: Mapping[str, Any]) -> dict[str, object]:
+    return {
+        "uuid": _attribute(facts, "uuid"),
+        "productName": _attribute(facts, "productName"),
+        "pciBusID": _attribute(facts, "resource.kubernetes.io/pciBusID"),
+    }
+
+
+def metadata_names_its_devices(ctx: Context, run: Run) -> list[str]:
+    """The device metadata file the container printed (after ``== metadata``) names each of its
+    devices with the UUID, product and PCI bus ID its slice publishes."""
+    problems = []
+    for c in run.containers:
+        lines = ctx.kube.log(run.namespace, c.pod, c.container).splitlines()
+        try:
+            body = json.loads(lines[lines.index("== metadata") + 1])
+            listed = {d["name"]: d["attributes"] for r in body["requests"] for d in r["devices"]}
+        except (ValueError, IndexError, KeyError, TypeError) as e:
+            problems.append(f"{c.pod}/{c.container}: no readable metadata file ({e!r})")
+            continue
+        for device in c.devices:
+            attrs = listed.get(device) or {}
+            got = {
+                "uuid": next(iter((attrs.get("uuid") or {}).values()), None),
+                "productName": next(iter((attrs.get("productName") or {}).values()), None),
+                "pciBusID": next(
+                    iter((attrs.get("resource.kubernetes.io/pciBusID") or {}).values()), None
+                ),
+            }
+            wanted = _published(device_facts(ctx, c.pools[device], device))
+            if got != wanted:
+                problems.append(
+                    f"{c.pod}/{c.container}: metadata of {device} {got}, slice {wanted}"
+                )
+    return problems
+
+
+def status_names_its_devices(ctx: Context, run: Run) -> list[str]:
+    """Each claim's ``status.devices`` (written after prepare, so waited for) has our driver's
+    entry for each allocated device, Ready, with the UUID its slice publishes."""
+    problems = []
+    for name, claim in run.claims.items():
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+        ours = [r for r in results.get("results") or [] if r["driver"] == DRIVER_NAME]
+
+        def entries(name: str = name, want: int = len(ours)) -> dict[str, Any] | None:
+            got = ctx.kube.claim(run.namespace, name) or {}
+            found = {
+                e["device"]: e
+                for e in (got.get("status") or {}).get("devices") or []
+                if e["driver"] == DRIVER_NAME
+            }
+            return found if len(found) >= want else None
+
+        try:
+            found = wait_for(f"status.devices of {name}", entries, timeout=ctx.timeout)
+        except WaitTimeout as e:
+            problems.append(str(e))
+            continue
+        for r in ours:
+            entry = found.get(r["device"]) or {}
+            uuid = (entry.get("data") or {}).get("uuid")
+            wanted = _attribute(device_facts(ctx, r["pool"], r["device"]), "uuid")
+            ready = [c for c in entry.get("conditions") or [] if c.get("type") == "Ready"]
+            if uuid != wanted or [c.get("status") for c in ready] != ["True"]:
+                problems.append(f"claim {name}: status of {r['device']}: {entry}")
+    return problems
 
 
 def memory_at_least(minimum: int) -> Check:
@@ -149,6 +234,11 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("one-gpu", "one GPU", checks=(device_count(1),)),
     Scenario("two-gpus", "two GPUs in one claim", checks=(device_count(2),)),
     Scenario(
+        "two-gpus-one-numa-node",
+        "two GPUs on the same NUMA node (matchAttribute on resource.kubernetes.io/numaNode)",
+        checks=(device_count(2), one_known_value_of("resource.kubernetes.io/numaNode")),
+    ),
+    Scenario(
         "extended-resource",
         "a device-plugin style nvidia.com/gpu: 1 limit, served through DRA",
         checks=(device_count(1), device_env_has(TYPE="gpu")),
@@ -158,6 +248,11 @@ SCENARIOS: tuple[Scenario, ...] = (
         "two-claims",
         "one container with two claims sees both GPUs",
         checks=(device_count(2), device_env_has(TYPE="gpu")),
+    ),
+    Scenario(
+        "device-status-and-metadata",
+        "the claim's status.devices and the container's device metadata file name the GPU",
+        checks=(device_count(1), status_names_its_devices, metadata_names_its_devices),
     ),
     Scenario(
         "gpu-by-product",

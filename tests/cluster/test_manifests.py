@@ -13,7 +13,10 @@ Cases:
   (create, update, delete); a token bound to no node writes nothing; it may post Events about
   Node A only (not node B, not a pod, not with node B as source host);
 - the plugin's RBAC: it may get a claim by name, not list or watch claims (in a namespace or
-  cluster-wide) nor write their status;
+  cluster-wide); it may write its own driver's ``status.devices`` entries of a claim allocated
+  on its node, not another driver's (from 1.36 the API server checks ``resourceclaims/driver``,
+  which the chart grants only where the server asks for it), nor the claim's allocation or
+  reservedFor (the ValidatingAdmissionPolicy ``own-device-status``, on every version);
 - the controller's policy: its token may create a DeviceClass labelled as its own, and may not
   create an unlabelled one, nor delete or take over (label) another's;
 - the plugin's RBAC is enough for the real kubelet plugin: run with a node-bound token of its
@@ -510,9 +513,144 @@ def test_plugin_reads_claims_only_by_name(plugin_of_node_a: KubeClient) -> None:
         for query in ({}, {"watch": "true"}):
             status, _ = _status_of(functools.partial(client.request, "GET", path, query=query))
             assert status == 403, (path, query)
-    status_path = f"{claims}/absent/status"
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}
-    assert _status_of(lambda: client.request("PUT", status_path, body=body))[0] == 403
+
+
+def _plugin_rules(kube_version: str) -> list[dict[str, Any]]:
+    rendered = helm.render(namespace=POLICY_NS, kube_version=kube_version)
+    (role,) = [
+        d
+        for d in _docs(rendered)
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == PLUGIN_SA
+    ]
+    return list(role["rules"])
+
+
+@pytest.mark.parametrize(("version", "granular"), [("1.35.4", False), ("1.36.0", True)])
+def test_plugin_role_grants_driver_status_only_where_the_server_checks_it(
+    version: str, granular: bool
+) -> None:
+    rules = _plugin_rules(version)
+    assert {"resources": ["resourceclaims/status"], "verbs": ["update"]}.items() <= next(
+        r for r in rules if r["resources"] == ["resourceclaims/status"]
+    ).items()
+    driver_rules = [r for r in rules if r["resources"] == ["resourceclaims/driver"]]
+    if not granular:
+        assert driver_rules == []
+        return
+    (rule,) = driver_rules
+    assert rule["resourceNames"] == [DRIVER]
+    assert rule["verbs"] == ["associated-node:update", "associated-node:patch"]
+
+
+def _allocated_claim(cluster: Cluster, name: str, node: str) -> dict[str, Any]:
+    """A claim allocated (by the admin, as the scheduler would) to a device of our driver and
+    one of another driver, on ``node``."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": POLICY_NS},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+                    {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}},
+                ]
+            }
+        },
+    }
+    created = json.loads(
+        cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(claim))
+    )
+    selector = {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        ]
+    }
+    results = [
+        {"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"},
+        {"request": "nic", "driver": "nic.example.com", "pool": node, "device": "nic-0"},
+    ]
+    created["status"] = {"allocation": {"devices": {"results": results}, "nodeSelector": selector}}
+    stored: dict[str, Any] = json.loads(
+        cluster.kubectl(
+            "replace", "--subresource=status", "-o", "json", "-f", "-", input=json.dumps(created)
+        )
+    )
+    return stored
+
+
+def test_plugin_writes_only_its_own_drivers_device_status(
+    cluster: Cluster, plugin_of_node_a: KubeClient
+) -> None:
+    client = plugin_of_node_a
+    _allocated_claim(cluster, "status-test", "policy-node-a")
+    path = f"/apis/resource.k8s.io/v1/namespaces/{POLICY_NS}/resourceclaims/status-test/status"
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Prepared",
+        "lastTransitionTime": "2026-12-02T00:00:00Z",
+    }
+
+    def write(driver: str, device: str) -> tuple[int, str]:
+        entry = {
+            "driver": driver,
+            "pool": "policy-node-a",
+            "device": device,
+            "conditions": [ready],
+            "data": {"uuid": "GPU-x"},
+        }
+        current = client.request(
+            "GET", f"/apis/resource.k8s.io/v1/namespaces/{POLICY_NS}/resourceclaims/status-test"
+        )
+        body = {**current, "status": {**current["status"], "devices": [entry]}}
+        return _status_of(lambda: client.request("PUT", path, body=body))
+
+    def rewrite(change: Callable[[dict[str, Any]], None]) -> tuple[int, str]:
+        current = client.request(
+            "GET", f"/apis/resource.k8s.io/v1/namespaces/{POLICY_NS}/resourceclaims/status-test"
+        )
+        change(current["status"])
+        return _status_of(lambda: client.request("PUT", path, body=current))
+
+    try:
+        # Refused by the policy (403) before 1.36; from 1.36 the API server refuses first, as
+        # an invalid change without resourceclaims/binding (422).
+        if claim_driver_checked(client):
+            status, message = rewrite(lambda s: s.update(reservedFor=[_pod_ref()]))
+            assert status == 422 and "resourceclaims/binding" in message, message
+        else:
+            wait_for(
+                "the device status policy to be in force",
+                lambda: rewrite(lambda s: s.update(reservedFor=[_pod_ref()]))[0] == 403,
+            )
+            status, message = rewrite(lambda s: s.update(reservedFor=[_pod_ref()]))
+            assert "not a claim's allocation or reservedFor" in message, message
+        assert write(DRIVER, "gpu-0") == (200, "")
+        if claim_driver_checked(client):
+            # Refused as an invalid change of the field (422), naming the permission.
+            status, message = write("nic.example.com", "nic-0")
+            assert status == 422 and "resourceclaims/driver" in message, message
+        absent = f"/apis/resource.k8s.io/v1/namespaces/{POLICY_NS}/resourceclaims/absent/status"
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "absent", "namespace": POLICY_NS},
+        }
+        assert _status_of(lambda: client.request("PUT", absent, body=body))[0] == 404
+    finally:
+        cluster.kubectl("delete", "-n", POLICY_NS, "resourceclaim", "status-test", "--wait=false")
+
+
+def _pod_ref() -> dict[str, str]:
+    return {"resource": "pods", "name": "victim", "uid": "00000000-0000-0000-0000-000000000001"}
+
+
+def claim_driver_checked(client: KubeClient) -> bool:
+    """Whether this API server checks resourceclaims/driver (1.36 and later)."""
+    version = str(client.request("GET", "/version")["gitVersion"])
+    major, minor = (int(x) for x in re.findall(r"\d+", version)[:2])
+    return (major, minor) >= (1, 36)
 
 
 def test_controller_writes_only_the_classes_it_owns(

@@ -40,6 +40,7 @@ class FakeGpu:
     bus_id: bytes = b"00000000:00:06.0"
     mig_mode: tuple[int, int] | None = (0, 0)  # None: NOT_SUPPORTED
     addressing_mode: int | None = 0  # None: NOT_SUPPORTED
+    numa_node: int | None = None  # None: NOT_SUPPORTED, what the fixture's H200 VM answers
     mig_table: migprofiles.MigTable = migprofiles.H200_141GB
     migs: list[FakeMig] = field(default_factory=list)
     ecc_uncorrected: int | None = 0  # None: NOT_SUPPORTED (ECC off)
@@ -147,6 +148,12 @@ class FakeNvml:
         if h.addressing_mode is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return h.addressing_mode
+
+    def nvmlDeviceGetNumaNodeId(self, h: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetNumaNodeId", h.index)
+        if h.numa_node is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return h.numa_node
 
     # MIG
     def nvmlDeviceGetGpuInstanceProfileInfo(self, h: FakeGpu, p: int) -> SimpleNamespace:

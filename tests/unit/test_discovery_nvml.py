@@ -5,7 +5,8 @@ GPU with a log line naming the call, the others are published; a hung call becom
 error naming the call; after repeated hangs the remaining GPUs are reported untouched; init
 failure is a backend error, not an exception; MIG devices read with profile and placement; a
 partial compute instance is skipped; MIG/addressing NOT_SUPPORTED are "no", not failures;
-PCIe root from sysfs.
+PCIe root from sysfs; the NUMA node from NVML, else from sysfs, and left out when neither knows
+(the H200 VM: NVML NOT_SUPPORTED, sysfs -1), never published as 0 or -1.
 """
 
 from __future__ import annotations
@@ -193,6 +194,51 @@ def test_pcie_root_from_sysfs(fake: FakeNvml, tmp_path: Path) -> None:
     (links / "0000:00:06.0").symlink_to(real)
     (gpu,) = NvmlBackend(nvml=fake, sysfs_root=tmp_path).discover().gpus
     assert gpu.pcie_root == "pci0000:00"
+
+
+def sysfs_numa(tmp_path: Path, bus_id: str, text: str) -> None:
+    device = tmp_path / "bus" / "pci" / "devices" / bus_id
+    device.mkdir(parents=True)
+    (device / "numa_node").write_text(text)
+
+
+def numa_attribute(fake: FakeNvml, tmp_path: Path) -> object:
+    d = NvmlBackend(nvml=fake, sysfs_root=tmp_path).discover()
+    assert d.errors == ()
+    (dev,) = naming.build_devices(d.gpus)
+    return dev.attributes.get("resource.kubernetes.io/numaNode")
+
+
+def test_numa_node_from_nvml(fake: FakeNvml, tmp_path: Path) -> None:
+    fake.gpus[0].numa_node = 1
+    sysfs_numa(tmp_path, "0000:00:06.0", "0\n")  # NVML's answer wins
+    assert numa_attribute(fake, tmp_path) == 1
+
+
+def test_numa_node_from_sysfs_when_nvml_cannot_tell(fake: FakeNvml, tmp_path: Path) -> None:
+    sysfs_numa(tmp_path, "0000:00:06.0", "1\n")
+    assert numa_attribute(fake, tmp_path) == 1
+
+
+@pytest.mark.parametrize("sysfs", ["-1\n", None], ids=["sysfs-says-minus-one", "no-sysfs-entry"])
+def test_unknown_numa_node_is_left_out(fake: FakeNvml, tmp_path: Path, sysfs: str | None) -> None:
+    # The H200 VM: NVML answers NOT_SUPPORTED and sysfs reads -1.
+    if sysfs is not None:
+        sysfs_numa(tmp_path, "0000:00:06.0", sysfs)
+    assert numa_attribute(fake, tmp_path) is None
+
+
+def test_a_negative_nvml_answer_is_not_published(fake: FakeNvml, tmp_path: Path) -> None:
+    fake.gpus[0].numa_node = -1
+    assert numa_attribute(fake, tmp_path) is None
+
+
+def test_numa_node_on_mig_devices_is_the_parents(fake: FakeNvml, tmp_path: Path) -> None:
+    gpu = fake.gpus[0]
+    gpu.mig_mode, gpu.numa_node = (1, 1), 1
+    gpu.migs = [FakeMig("MIG-a", 1, migprofiles.H200_141GB.by_name("3g.71gb"), 0)]
+    (dev,) = naming.build_devices(NvmlBackend(nvml=fake, sysfs_root=tmp_path).discover().gpus)
+    assert (dev.type, dev.attributes["resource.kubernetes.io/numaNode"]) == ("mig", 1)
 
 
 def test_every_call_is_reported_with_its_outcome(fake: FakeNvml) -> None:

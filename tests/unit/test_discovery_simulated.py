@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dra_gpu.devices import migprofiles, model, naming, profiles, simulated
+from dra_gpu.devices import migprofiles, model, naming, partitions, profiles, simulated
 from dra_gpu.devices.model import Device, MigDeviceInfo, Version
 from dra_gpu.devices.simulated import ProfileError, SimGpu, SimMig, SimProfile
 
@@ -63,6 +64,7 @@ COMMON_ATTRS = {
     "cudaDriverVersion": Version,
     "resource.kubernetes.io/pciBusID": str,
     "resource.kubernetes.io/pcieRoot": str,
+    "resource.kubernetes.io/numaNode": int,
 }
 # A simulated GPU publishes what the real H200 does, addressingMode "None" included.
 GPU_ATTRS = {**COMMON_ATTRS, "addressingMode": str}
@@ -95,6 +97,44 @@ def test_full_gpu_facts(profile: str, product: str, memory: int, cc: Version) ->
         assert d.attributes["driverVersion"] == Version(580, 159, 4)
         assert d.attributes["addressingMode"] == "None"
         assert d.capacity == {"memory": memory}
+
+
+NUMA = "resource.kubernetes.io/numaNode"
+
+
+@pytest.mark.parametrize("profile", sorted(simulated.BUILTIN_PROFILES))
+def test_every_device_carries_what_dcgm_exporter_reads(profile: str) -> None:
+    """dcgm-exporter labels metrics from the slices' type and uuid (MIG: parentUUID, profile);
+    only a dynamic MIG partition lacks uuid (its claim's status.devices carries it)."""
+    backend: Any = simulated.SimulatedBackend(
+        profile=simulated.BUILTIN_PROFILES[profile], node_name="n"
+    )
+    for dynamic in (False, True):
+        source = partitions.DynamicMigBackend(backend) if dynamic else backend
+        for d in naming.build_devices(source.discover().gpus):
+            wanted = {"type"} | ({"parentUUID", "profile"} if d.type == "mig" else set())
+            if d.partition is None:
+                wanted.add("uuid")
+            assert wanted <= set(d.attributes), (profile, d.name)
+
+
+@pytest.mark.parametrize("profile", ["h200x8", "h100x8"])
+def test_eight_gpu_boxes_have_four_gpus_per_numa_node(profile: str) -> None:
+    assert [d.attributes[NUMA] for d in devices_of(profile)] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_a100_numa_nodes_follow_the_root_complex() -> None:
+    nodes = {d.name: d.attributes[NUMA] for d in devices_of("a100x4-mig")}
+    assert nodes["gpu-0"] == nodes["gpu-1-mig-3g20gb-9-4"] == 0
+    assert nodes["gpu-2-mig-4g20gb-5-0"] == nodes["gpu-3-mig-3g20gb-9-0"] == 1
+
+
+def test_profile_file_numa_node_given_or_left_out(tmp_path: Path) -> None:
+    path = tmp_path / "numa.yaml"
+    path.write_text("gpus: [{product: H100-80GB, count: 2, numaNode: 1}, {product: H100-80GB}]")
+    profile = profiles.resolve_profile(str(path))
+    gpus = simulated.SimulatedBackend(profile=profile, node_name="n").discover().gpus
+    assert [d.attributes.get(NUMA) for d in naming.build_devices(gpus)] == [1, 1, None]
 
 
 def test_a100_mig_capacities_match_the_profile_table() -> None:
@@ -220,6 +260,7 @@ def test_json_profile_file(tmp_path: Path) -> None:
         ("gpus: [{product: H100-80GB, count: 2, pciBusID: '0000:01:00.0'}]", "count 1"),
         ("driverVersion: banana\ngpus: [{product: H100-80GB}]", "not a numeric version"),
         ("gpus: [{", "not valid YAML"),
+        ("gpus: [{product: H100-80GB, numaNode: -1}]", "greater than or equal to 0"),
     ],
     ids=[
         "typo",
@@ -230,6 +271,7 @@ def test_json_profile_file(tmp_path: Path) -> None:
         "bus-id-count",
         "version",
         "syntax",
+        "numa-negative",
     ],
 )
 def test_bad_profile_file_names_the_problem(tmp_path: Path, content: str, message: str) -> None:

@@ -92,6 +92,25 @@ def test_where_counters_live_follows_the_server_version(minor: int, own_slice: b
     assert caps.counters_in_own_slice is own_slice
 
 
+@pytest.mark.parametrize(
+    ("minor", "stage", "granular"),
+    [(34, "beta", False), (35, "beta", False), (36, "beta", True), (37, "GA", True)],
+)
+def test_claim_device_status_and_the_permission_it_needs_per_version(
+    minor: int, stage: str, granular: bool
+) -> None:
+    caps = _answers(f"v1.{minor}.2", taints=True, counters=True)
+    assert caps.device_status_stage == stage
+    # Before 1.36 the status subresource is all the server checks; from 1.36 also the
+    # driver's own entries (resourceclaims/driver, associated-node verbs).
+    assert ("resourceclaims/driver associated-node:update" in caps.device_status_permission) is (
+        granular
+    )
+    assert "resourceclaims/status update" in caps.device_status_permission
+    summary = capabilities.plugin_report(caps)[0][1]
+    assert f"claim device status {stage}" in summary
+
+
 def test_kubelet_before_1_36_does_not_read_health() -> None:
     caps = _answers("v1.35.4", taints=True, counters=True, kubelet="v1.35.4")
     assert caps.kubelet_watches_health is False

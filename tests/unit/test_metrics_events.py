@@ -74,6 +74,14 @@ def test_prepare_calls_and_claims_are_counted_by_result_and_kind() -> None:
     assert sample(m, "dra_gpu_plugin_calls_in_flight", operation="prepare") == 0
 
 
+def test_device_status_updates_are_counted_by_result() -> None:
+    m = metrics.PluginMetrics()
+    for result in ("written", "retry", "written"):
+        m.claim_status(result)
+    assert sample(m, "dra_gpu_plugin_claim_device_status_updates_total", result="written") == 2
+    assert sample(m, "dra_gpu_plugin_claim_device_status_updates_total", result="retry") == 1
+
+
 def test_webhook_kinds_are_bounded() -> None:
     m = metrics.ControllerMetrics()
     review = m.reviewer(lambda body: {"response": {"allowed": False}})

@@ -84,6 +84,13 @@ class _Crash(BaseException):
     """Stops the transaction like SIGKILL: no except clause of the plugin catches it."""
 
 
+def sharing_mounts(edits: dict[str, Any]) -> list[dict[str, Any]]:
+    """The device's mounts but its device metadata file (every device has that one)."""
+    return [
+        m for m in edits.get("mounts") or [] if "dra-device-attributes" not in m["containerPath"]
+    ]
+
+
 def crash_at(target: str) -> Callable[[str], None]:
     def fault(step: str) -> None:
         if step == target:
@@ -218,7 +225,7 @@ def test_mps_daemon_per_claim_with_limits_spec_and_stop(node: Node) -> None:
     assert validate_spec(spec) == []
     edits = spec["devices"][0]["containerEdits"]
     assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
-    assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
+    assert [(m["hostPath"], m["containerPath"]) for m in sharing_mounts(edits)] == [
         (str(dirs.pipe), "/tmp/nvidia-mps"),
         (str(dirs.shm), "/dev/shm"),
     ]
@@ -350,7 +357,7 @@ def test_switches_off_run_nothing(node: Node) -> None:
         "GPU_DEVICE_0_TIMESLICE_INTERVAL=Long"
         in node.spec("t")["devices"][0]["containerEdits"]["env"]
     )
-    assert "mounts" not in node.spec("m")["devices"][0]["containerEdits"]
+    assert sharing_mounts(node.spec("m")["devices"][0]["containerEdits"]) == []
     state.unprepare([ref("t"), ref("m")])
     state.start()
     assert node.runner.commands == []

@@ -574,10 +574,8 @@ def test_sigkill_mid_write_leaves_a_temp_file_the_next_start_removes(
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
 
-    def temp_files() -> list[str]:
-        return sorted(
-            p.name for d in (env.state_dir, env.cdi_root) if d.is_dir() for p in d.iterdir()
-        )
+    def temp_files() -> list[str]:  # the device metadata files are in folders of their own
+        return sorted(p.name for d in (env.state_dir, env.cdi_root) for p in d.rglob("*"))
 
     left = [n for n in temp_files() if ".tmp-" in n]
     assert len(left) == 1, f"the kill left no temp file: {temp_files()}"

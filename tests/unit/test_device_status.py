@@ -1,0 +1,385 @@
+"""ResourceClaim device status: what a prepared claim's ``status.devices`` says, and how it is
+written (one thread, retried with backoff, permanent errors dropped).
+
+Cases: a full GPU's and a dynamically created MIG device's data (the MIG UUID it got at
+prepare, which the slices never had); other drivers' entries and our other devices are kept, a
+repeat writes nothing; the writer writes after a prepare, retries an unanswered write with
+doubling backoff, drops a claim that is gone or replaced (no write) and a Forbidden write
+(naming the permission), stops writing where the server drops the field; only successful
+prepares are submitted; a full queue drops, never blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from dra_gpu.devices import naming, partitions, simulated
+from dra_gpu.devices.model import Device
+from dra_gpu.kube import errors
+from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice, PrepareResult
+from dra_gpu.kubeletplugin.ids import ClaimUID, DeviceName
+from dra_gpu.prepare import device_status
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, ClaimRecord, DeviceRecord
+
+DRIVER = "gpu.nvidia.com"
+NODE = "node-a"
+NOW = "2026-12-02T00:00:00Z"
+REF = ClaimRef(uid=ClaimUID("uid-1"), namespace="ns", name="claim")
+
+
+def inventory(profile: str = "h200x8", *, dynamic: bool = False) -> dict[str, Device]:
+    backend: Any = simulated.SimulatedBackend(
+        profile=simulated.BUILTIN_PROFILES[profile], node_name=NODE
+    )
+    if dynamic:
+        backend = partitions.DynamicMigBackend(backend)
+    return {d.name: d for d in naming.build_devices(backend.discover().gpus)}
+
+
+def gpu_record(dev: Device, *, share_id: str | None = None) -> DeviceRecord:
+    return DeviceRecord(
+        request_names=("gpu",),
+        pool=NODE,
+        device=dev.name,
+        share_id=share_id,
+        type="gpu",
+        uuid=dev.uuid,
+        minor=dev.gpu.minor,
+        product_name=dev.gpu.product_name,
+    )
+
+
+def claim_record(*devices: DeviceRecord) -> ClaimRecord:
+    return ClaimRecord(state=PREPARE_COMPLETED, namespace="ns", name="claim", devices=devices)
+
+
+def test_full_gpu_data_is_what_nvidia_publishes() -> None:
+    inv = inventory()
+    gpu = inv["gpu-5"]
+    (entry,) = device_status.entries(
+        driver=DRIVER, record=claim_record(gpu_record(gpu)), inventory=inv, now=NOW
+    )
+    assert (entry["driver"], entry["pool"], entry["device"]) == (DRIVER, NODE, "gpu-5")
+    assert entry["data"] == {
+        "type": "gpu",
+        "uuid": gpu.uuid,
+        "productName": "NVIDIA H200",
+        "driverVersion": "580.159.4",
+        "pciBusID": "0000:ab:00.0",
+    }
+    (ready,) = entry["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
+    assert "shareID" not in entry
+
+
+def test_a_created_mig_device_carries_the_uuid_it_got() -> None:
+    inv = inventory("h100x8-mig", dynamic=True)
+    name = "gpu-2-mig-3g40gb-9-4"
+    assert inv[name].uuid is None  # published before it exists: no uuid in the slices
+    record = DeviceRecord(
+        pool=NODE,
+        device=name,
+        type="mig",
+        uuid="MIG-created-at-prepare",
+        minor=2,
+        product_name="NVIDIA H100 80GB HBM3",
+        mig_profile="3g.40gb",
+        gi_id=1,
+        ci_id=0,
+    )
+    (entry,) = device_status.entries(
+        driver=DRIVER, record=claim_record(record), inventory=inv, now=NOW
+    )
+    assert entry["data"]["uuid"] == "MIG-created-at-prepare"
+    assert entry["data"]["profile"] == "3g.40gb"
+    assert entry["data"]["parentUUID"] == inv["gpu-2-mig-1g10gb-19-0"].gpu.uuid
+    assert entry["data"]["type"] == "mig"
+
+
+def test_merge_keeps_other_entries_and_a_repeat_changes_nothing() -> None:
+    inv = inventory()
+    ours = device_status.entries(
+        driver=DRIVER, record=claim_record(gpu_record(inv["gpu-0"])), inventory=inv, now=NOW
+    )
+    other_driver: Any = {"driver": "nic.example.com", "pool": NODE, "device": "gpu-0"}
+    our_other_device: Any = {"driver": DRIVER, "pool": NODE, "device": "gpu-1", "data": {}}
+    stale: Any = {**ours[0], "data": {"uuid": "old"}}
+    merged = device_status.merged([other_driver, stale, our_other_device], ours)
+    assert merged == [other_driver, ours[0], our_other_device]
+
+    later = device_status.entries(
+        driver=DRIVER,
+        record=claim_record(gpu_record(inv["gpu-0"])),
+        inventory=inv,
+        now="2026-12-02T01:00:00Z",
+    )
+    assert device_status.merged([other_driver, *ours], later) is None
+
+
+def test_shared_allocations_are_told_apart_by_share_id() -> None:
+    inv = inventory()
+    a = device_status.entries(
+        driver=DRIVER,
+        record=claim_record(gpu_record(inv["gpu-0"], share_id="s-1")),
+        inventory=inv,
+        now=NOW,
+    )
+    b = device_status.entries(
+        driver=DRIVER,
+        record=claim_record(gpu_record(inv["gpu-0"], share_id="s-2")),
+        inventory=inv,
+        now=NOW,
+    )
+    assert device_status.merged(a, b) == [*a, *b]
+
+
+def test_backoff_doubles_from_half_a_second_to_thirty() -> None:
+    assert [device_status.backoff(n) for n in range(1, 9)] == [
+        0.5,
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+        16.0,
+        30.0,
+        30.0,
+    ]
+
+
+class FakeClient:
+    """The claim in the API server; ``fail``: errors raised by the next requests, in order."""
+
+    def __init__(self, claim: dict[str, Any] | None, *, keeps_devices: bool = True) -> None:
+        self.claim = claim
+        self.keeps_devices = keeps_devices
+        self.fail: list[errors.ApiError] = []
+        self.puts: list[dict[str, Any]] = []
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Mapping[str, Any] | None = None,
+        timeout_s: float = 0.0,
+    ) -> dict[str, Any]:
+        if self.fail:
+            raise self.fail.pop(0)
+        if self.claim is None:
+            raise errors.NotFound("not found", status=404)
+        if method == "GET":
+            assert path == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/claim"
+            return self.claim
+        assert (method, path) == (
+            "PUT",
+            "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/claim/status",
+        )
+        assert body is not None
+        self.puts.append(dict(body))
+        stored = dict(body)
+        if not self.keeps_devices:
+            stored["status"] = {k: v for k, v in body["status"].items() if k != "devices"}
+        self.claim = stored
+        return stored
+
+
+def api_claim(uid: str = "uid-1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": "claim", "namespace": "ns", "uid": uid, "resourceVersion": "7"},
+        "status": {
+            "allocation": {"devices": {"results": []}},
+            "devices": [{"driver": "other.example.com", "pool": "p", "device": "d"}],
+        },
+    }
+
+
+@pytest.fixture
+def results() -> queue.Queue[str]:
+    return queue.Queue()
+
+
+def writer_for(
+    client: FakeClient, results: queue.Queue[str], record: ClaimRecord | None, **kw: Any
+) -> device_status.DeviceStatusWriter:
+    inv = inventory()
+    return device_status.DeviceStatusWriter(
+        client,
+        driver=DRIVER,
+        record_of=lambda uid: record if uid == REF.uid else None,
+        inventory=lambda: inv,
+        observe=results.put,
+        forbidden_hint="resourceclaims/driver associated-node:update",
+        first_backoff_s=0.001,
+        **kw,
+    )
+
+
+@pytest.fixture
+def record() -> ClaimRecord:
+    return claim_record(gpu_record(inventory()["gpu-3"]))
+
+
+@pytest.fixture
+def running(request: pytest.FixtureRequest) -> Iterator[list[device_status.DeviceStatusWriter]]:
+    started: list[device_status.DeviceStatusWriter] = []
+    yield started
+    for w in started:
+        w.stop()
+
+
+def start(
+    running: list[device_status.DeviceStatusWriter], w: device_status.DeviceStatusWriter
+) -> device_status.DeviceStatusWriter:
+    w.start()
+    running.append(w)
+    return w
+
+
+def next_result(results: queue.Queue[str]) -> str:
+    return results.get(timeout=30)  # bounds a broken writer only
+
+
+def test_writes_our_entry_beside_the_others_with_the_read_version(
+    results: queue.Queue[str], record: ClaimRecord, running: list[Any]
+) -> None:
+    client = FakeClient(api_claim())
+    w = start(running, writer_for(client, results, record))
+    w.submit(REF)
+    assert next_result(results) == "written"
+    (put,) = client.puts
+    assert put["metadata"]["resourceVersion"] == "7"  # a concurrent write makes it a conflict
+    other, ours = put["status"]["devices"]
+    assert other["driver"] == "other.example.com"
+    assert (ours["device"], ours["data"]["uuid"]) == ("gpu-3", record.devices[0].uuid)
+    assert put["status"]["allocation"] == {"devices": {"results": []}}
+
+    w.submit(REF)  # the kubelet's repeated prepare: nothing new to say
+    assert next_result(results) == "unchanged"
+    assert len(client.puts) == 1
+
+
+def test_unanswered_writes_are_retried_then_written(
+    results: queue.Queue[str], record: ClaimRecord, running: list[Any]
+) -> None:
+    client = FakeClient(api_claim())
+    client.fail = [
+        errors.ApiUnavailable("no answer"),
+        errors.Conflict("the object has been modified", status=409),
+    ]
+    w = start(running, writer_for(client, results, record))
+    w.submit(REF)
+    assert [next_result(results) for _ in range(3)] == ["retry", "retry", "written"]
+    assert len(client.puts) == 1
+
+
+@pytest.mark.parametrize(
+    ("claim", "fail"),
+    [
+        (None, None),
+        (api_claim(uid="another"), None),
+        (api_claim(), errors.ApiError("forbidden", status=403)),
+        (api_claim(), errors.ApiError("invalid", status=422)),
+        (
+            api_claim(),
+            errors.ApiError(
+                'status.devices: Forbidden: changing status.devices requires resource="resource'
+                'claims/driver" ... permission',
+                status=422,
+            ),
+        ),
+        (api_claim(), errors.Gone("gone", status=410)),
+    ],
+    ids=["not-found", "replaced-uid", "forbidden", "invalid", "driver-permission", "gone"],
+)
+def test_permanent_failures_are_dropped_with_one_line(
+    results: queue.Queue[str],
+    record: ClaimRecord,
+    running: list[Any],
+    caplog: pytest.LogCaptureFixture,
+    claim: dict[str, Any] | None,
+    fail: errors.ApiError | None,
+) -> None:
+    client = FakeClient(claim)
+    client.fail = [fail] if fail is not None else []
+    w = start(running, writer_for(client, results, record))
+    with caplog.at_level(logging.WARNING, logger="dra_gpu.prepare.device_status"):
+        w.submit(REF)
+        assert next_result(results) == "dropped"
+    assert client.puts == []
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "ns/claim" in line
+    hinted = fail is not None and (fail.status == 403 or "permission" in fail.message)
+    assert ("needs resourceclaims/driver associated-node:update" in line) is hinted
+
+
+def test_an_unprepared_claim_is_not_written(results: queue.Queue[str], running: list[Any]) -> None:
+    client = FakeClient(api_claim())
+    w = start(running, writer_for(client, results, None))
+    w.submit(REF)
+    assert next_result(results) == "dropped"
+    assert client.puts == []
+
+
+def test_a_server_that_drops_the_field_switches_the_writer_off(
+    results: queue.Queue[str],
+    record: ClaimRecord,
+    running: list[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = FakeClient(api_claim(), keeps_devices=False)
+    w = start(running, writer_for(client, results, record))
+    with caplog.at_level(logging.WARNING, logger="dra_gpu.prepare.device_status"):
+        w.submit(REF)
+        assert next_result(results) == "unsupported"
+    assert any("DRAResourceClaimDeviceStatus" in r.getMessage() for r in caplog.records)
+    w.submit(REF)
+    w.stop()
+    assert results.empty() and len(client.puts) == 1
+
+
+def test_a_full_queue_drops_without_blocking(
+    results: queue.Queue[str], record: ClaimRecord
+) -> None:
+    w = writer_for(FakeClient(api_claim()), results, record, queue_size=1)  # not started
+    w.submit(REF)
+    w.submit(REF)
+    assert results.get_nowait() == "dropped"
+
+
+class Prepared:
+    def __init__(self, answers: dict[ClaimUID, PrepareResult]) -> None:
+        self.answers = answers
+
+    def prepare(self, refs: Any) -> dict[ClaimUID, PrepareResult]:
+        return self.answers
+
+    def unprepare(self, refs: Any) -> dict[ClaimUID, str]:
+        return {r.uid: "" for r in refs}
+
+
+class Submitted:
+    def __init__(self) -> None:
+        self.refs: list[ClaimRef] = []
+
+    def submit(self, ref: ClaimRef) -> None:
+        self.refs.append(ref)
+
+
+def test_only_prepared_claims_are_submitted() -> None:
+    failed = ClaimRef(uid=ClaimUID("uid-2"), namespace="ns", name="bad")
+    device = PreparedDevice(("gpu",), NODE, DeviceName("gpu-0"), ())
+    handler = Prepared(
+        {REF.uid: PrepareResult(devices=(device,)), failed.uid: PrepareResult(error="no")}
+    )
+    writer = Submitted()
+    reporting = device_status.StatusReporting(handler, writer)
+    assert reporting.prepare([REF, failed]) == handler.answers
+    assert writer.refs == [REF]
+    assert reporting.unprepare([REF]) == {REF.uid: ""}
+    assert writer.refs == [REF]  # unprepare leaves the entries to the API server
