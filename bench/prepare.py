@@ -17,7 +17,8 @@ by the real scheduler. The benchmark then acts as the kubelet over the DRA unix 
 serialized node-wide by a file lock); ``standalone`` measures
 ``bench/standalone_dra_server.py`` on the same state, which has no such lock. ``--metrics``
 measures the plugin without and then with ``--metrics-address`` (the cost of ``/metrics`` on
-prepare).
+prepare). ``--telemetry`` measures the plugin with ``/metrics`` and GPU telemetry off, then with
+telemetry every second on all 70 devices (the cost of the telemetry loop on prepare, paired).
 
 Targets on this 2-core machine: p50 < 10 ms, p99 < 50 ms, >= 100 claims/s.
 """
@@ -76,6 +77,10 @@ def healthy(port: int) -> bool:
         return False
 
 
+# kind -> its --telemetry-interval (``--telemetry``: off, then every second).
+TELEMETRY_FLAGS = {"metrics, telemetry off": "0", "metrics, telemetry every 1 s": "1"}
+
+
 @contextlib.contextmanager
 def servers(cluster: Cluster, node: str, root: Path, kind: str) -> Iterator[Path]:
     """The kubelet plugin (publishes the slices); yields the DRA socket to measure."""
@@ -86,7 +91,11 @@ def servers(cluster: Cluster, node: str, root: Path, kind: str) -> Iterator[Path
     port, metrics_port = procs.free_ports(2)
     dirs = PluginDirs.under(root)
     env = {"PATH": "/usr/bin:/bin"}
-    metrics = ("--metrics-address", f"127.0.0.1:{metrics_port}") if kind == "metrics" else ()
+    metrics: tuple[str, ...] = ()
+    if kind == "metrics" or kind in TELEMETRY_FLAGS:
+        metrics = ("--metrics-address", f"127.0.0.1:{metrics_port}")
+    if kind in TELEMETRY_FLAGS:
+        metrics = (*metrics, "--telemetry-interval", TELEMETRY_FLAGS[kind])
     argv = plugin_argv(
         node_name=node,
         kubeconfig=cluster.kubeconfig,
@@ -242,6 +251,7 @@ def pct(values: Sequence[float], q: float) -> float:
 def report(kind: str, prep: list[float], unprep: list[float], rates: list[float]) -> None:
     p50, p99 = pct(prep, 0.5), pct(prep, 0.99)
     name = "plugin with /metrics" if kind == "metrics" else kind
+    name = f"plugin with {kind}" if kind in TELEMETRY_FLAGS else name
     print(f"server: {name}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(
         f"prepare, single-claim calls (n={len(prep)}): p50 {p50:.2f} ms "
@@ -266,16 +276,23 @@ def main() -> int:
     parser.add_argument(
         "--metrics", action="store_true", help="the plugin without, then with --metrics-address"
     )
+    parser.add_argument(
+        "--telemetry",
+        action="store_true",
+        help="the plugin with /metrics, telemetry off, then telemetry every second",
+    )
     args = parser.parse_args()
     node = f"bench-{uuid.uuid4().hex[:6]}"
     kinds = ["plugin", "standalone"] if args.server == "both" else [args.server]
     if args.metrics:
         kinds = ["plugin", "metrics"]
+    if args.telemetry:
+        kinds = list(TELEMETRY_FLAGS)
     claims: list[Any] = []  # made once, with the first server; the second reuses them
     with Cluster() as cluster, tempfile.TemporaryDirectory(prefix="pb-") as tmp:
         cluster.register_node(node)
         for kind in kinds:
-            root = Path(tmp) / kind
+            root = Path(tmp) / f"k{kinds.index(kind)}"  # short: unix socket paths
             root.mkdir()
             with servers(cluster, node, root, kind) as socket:
                 claims = claims or make_claims(cluster, node)

@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "dra_gpu.explain.command",
     "dra_gpu.health_cmd",
     "dra_gpu.plugin.main",
+    "dra_gpu.top.command",
 )
 
 

@@ -182,6 +182,10 @@ class NvmlBackend:
     def gi_profiles(self, h: Any) -> dict[int, Any]:
         return self._gi_profiles(h)
 
+    def load_library(self) -> None:
+        """For the telemetry sampler (``nvml_usage``); raises NvmlLibraryError."""
+        self._load_library()
+
     def _load_library(self) -> None:
         """Hand pynvml the NVML under the driver root; raises NvmlLibraryError."""
         if not nvml_lib.needs_library(self._nvml):

@@ -123,6 +123,30 @@ class KubeClient:
         """One request: the decoded JSON answer, or an ApiError."""
         return self.call(method, path, query=query, body=body, timeout_s=timeout_s).body
 
+    def get_text(self, path: str, *, timeout_s: float = REQUEST_TIMEOUT_S) -> str:
+        """A GET whose answer is text, not JSON (a pod's ``/metrics`` through the API server's
+        proxy); an ApiError otherwise."""
+        request = f"GET {path}"
+
+        def send(auth: dict[str, str]) -> Answer:
+            return self._transport.request(
+                "GET",
+                path,
+                {"Accept": "text/plain", **auth},
+                None,
+                connect_s=min(CONNECT_TIMEOUT_S, timeout_s),
+                read_s=timeout_s,
+                request=request,
+            )
+
+        auth = self._auth_headers(request)
+        answer = send(auth)
+        if answer.status == 401 and (renewed := self._renewed(auth, request)) is not None:
+            answer = send(renewed)
+        if not 200 <= answer.status < 300:
+            raise _error(answer.status, answer.body, request=request)
+        return answer.body.decode(errors="replace")
+
     def watch(
         self,
         path: str,

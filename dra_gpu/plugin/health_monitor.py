@@ -70,6 +70,7 @@ class HealthMonitor:
         self._devices: list[Device] = list(devices)
         self._in_use: Collection[str] | None = None
         self._faults: device_taints.Faults = faults or {}
+        self._seen: dict[tuple[str, str], int] = {}  # (GPU UUID, event kind) -> events
 
     @property
     def faults(self) -> device_taints.Faults:
@@ -90,8 +91,16 @@ class HealthMonitor:
             faults=device_taints.device_messages(self._devices, self._faults),
         )
 
+    def event_counts(self) -> dict[tuple[str, str], int]:
+        """(GPU UUID, event kind) -> events seen since start, taken or ignored (for /metrics)."""
+        with self._lock:
+            return dict(self._seen)
+
     def submit(self, event: HealthEvent) -> None:
         """One event on a GPU: taint its devices if the rules say so."""
+        with self._lock:
+            key = (event.gpu, event.kind)
+            self._seen[key] = self._seen.get(key, 0) + 1
         try:
             rule = self._rules.classify(event.kind, event.code)
         except health_rules.HealthConfigError as err:

@@ -138,6 +138,7 @@ class KubeletPlugin:
             plugin.start_publishing()
             self._start_prepare_side(platform, client, detected)
             self._serve_kubelet(platform, backend, devices, discovery_errors)
+            self._start_telemetry(platform, client)
         except (sockets.SocketError, OSError) as err:
             raise StartError(f"cannot serve: {err}") from err
         except Exception as err:
@@ -230,6 +231,25 @@ class KubeletPlugin:
         # start-up garbage is frozen with it (frozen objects are never freed).
         gc.collect()
         gc.freeze()
+
+    def _start_telemetry(self, platform: Platform, client: KubeClient) -> None:
+        """GPU telemetry by claim and pod (``telemetry_wiring``), with /metrics only."""
+        if self.measured is None or self._plugin is None or self._state is None:
+            return
+        from dra_gpu.plugin import telemetry_wiring
+
+        assert self._devices is not None and self._monitor is not None
+        telemetry_wiring.start(
+            self.settings,
+            platform=platform,
+            client=client,
+            devices=self._devices.devices,
+            store=self._state.store,
+            registry=self.measured.registry,
+            stop=self._plugin.stop_event,
+            observe=self.measured.nvml_call,
+            health_events=self._monitor.event_counts,
+        )
 
     # --- what the parts call back -------------------------------------------------------------
 

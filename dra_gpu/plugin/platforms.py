@@ -11,6 +11,7 @@ re-discovery (``poll``)     NVML every ``--rediscover-interval``   the profile f
 CDI node facts              driver files, MIG capability devices   ``/dev/null`` stand-ins
 sharing commands            run (``nvidia-smi``, MPS control)      recorded in the state dir
 dynamic MIG instances       created through NVML                   kept in the state dir
+telemetry (``usage``)       NVML, processes -> pods by cgroup      the state dir's usage file
 ==========================  =====================================  ===============================
 
 The callers (``main``, ``prepare_core``, ``discover_cmd``) ask the platform and never look at
@@ -28,6 +29,7 @@ from dra_gpu.devices.model import GpuBackend
 from dra_gpu.errors import UserError
 
 if TYPE_CHECKING:
+    from dra_gpu.devices.usage import UsageSampler
     from dra_gpu.mig.instances import MigInstances
     from dra_gpu.prepare.node_facts import NodeFacts
     from dra_gpu.prepare.sharing.runner import Runner
@@ -77,6 +79,10 @@ class Platform(Protocol):
         """What creates and destroys MIG devices for ``--mig-mode=dynamic``."""
         ...
 
+    def usage(self, state_dir: Path, *, observe: NvmlObserver | None = None) -> UsageSampler:
+        """Where GPU telemetry comes from (utilization, memory, processes by pod)."""
+        ...
+
 
 @dataclass(frozen=True)
 class NvmlPlatform:
@@ -86,6 +92,9 @@ class NvmlPlatform:
     driver_root: Path
     host_driver_root: PurePosixPath | None = None
     nvml_timeout_s: float = NVML_CALL_TIMEOUT_S
+    # Where the GPU processes' /proc entries are: the host's PIDs, as NVML reports them, are
+    # visible when the plugin shares the host's PID namespace (the chart's hostPID).
+    proc_root: Path = Path("/proc")
 
     @property
     def simulated(self) -> bool:
@@ -122,6 +131,16 @@ class NvmlPlatform:
         from dra_gpu.mig.nvml_instances import NvmlInstances
 
         return NvmlInstances(NvmlBackend(driver_root=self.driver_root))
+
+    def usage(self, state_dir: Path, *, observe: NvmlObserver | None = None) -> UsageSampler:
+        from dra_gpu.devices.nvml_usage import NvmlUsageSampler
+
+        return NvmlUsageSampler(
+            driver_root=self.driver_root,
+            proc_root=self.proc_root,
+            call_timeout_s=self.nvml_timeout_s,
+            observe=observe,
+        )
 
 
 @dataclass(frozen=True)
@@ -178,6 +197,11 @@ class SimulatedPlatform:
         from dra_gpu.mig.instances import SimulatedInstances
 
         return SimulatedInstances(state_dir / SIMULATED_STATE_NAME, node_name=self.node_name)
+
+    def usage(self, state_dir: Path, *, observe: NvmlObserver | None = None) -> UsageSampler:
+        from dra_gpu.devices.simulated_usage import FILE_NAME, SimulatedUsageSampler
+
+        return SimulatedUsageSampler(state_dir / FILE_NAME)
 
 
 def for_node(

@@ -32,6 +32,9 @@ DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 DEFAULT_HEALTHZ_ADDRESS = "127.0.0.1"
 DEFAULT_REDISCOVER_INTERVAL_S = 60.0
+DEFAULT_TELEMETRY_INTERVAL_S = 10.0
+DEFAULT_IDLE_AFTER_S = 1800.0
+DEFAULT_IDLE_THRESHOLD = 0.01
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 POD_UID_PATTERN = sockets.POD_UID_PATTERN
@@ -60,6 +63,9 @@ ENV_VARS: Mapping[str, str] = {
     "mig_mode": "MIG_MODE",
     "grpc_server": "GRPC_SERVER",
     "consumable_shares": "CONSUMABLE_SHARES",
+    "telemetry_interval": "TELEMETRY_INTERVAL",
+    "idle_after": "IDLE_AFTER",
+    "idle_threshold": "IDLE_THRESHOLD",
 }
 MIG_MODES = ("static", "dynamic")
 # --grpc-server / GRPC_SERVER picked between two gRPC servers; grpcio is now the only one. A
@@ -108,6 +114,12 @@ class Settings:
     # Consumable shares (docs/sharing.md#consumable-shares): several claims per device, each
     # given an MPS server of its own with its limits when --mps-support is on; None: off.
     consumable_shares: shares.ShareMode | None = None
+    # GPU telemetry (plugin.telemetry), with the metrics endpoint only: seconds between passes
+    # (None: off), how long a claim stays idle before its GpuIdle Event (None: never), and the
+    # utilization under which a device counts as idle.
+    telemetry_interval_s: float | None = DEFAULT_TELEMETRY_INTERVAL_S
+    idle_after_s: float | None = DEFAULT_IDLE_AFTER_S
+    idle_threshold: float = DEFAULT_IDLE_THRESHOLD
 
     @property
     def rolling_update(self) -> bool:
@@ -224,6 +236,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "removed: grpcio always serves the gRPC sockets; 'grpcio' is still accepted (with a "
         "warning), any other value is an error",
     )
+    add(
+        "--telemetry-interval",
+        "telemetry_interval",
+        "seconds between GPU telemetry samples (utilization, memory, temperature, power, "
+        "processes by pod), exported with --metrics-address only "
+        f"(default {DEFAULT_TELEMETRY_INTERVAL_S:g}; 0: off)",
+        metavar="SECONDS",
+    )
+    add(
+        "--idle-after",
+        "idle_after",
+        "a claim whose GPUs stay under --idle-threshold this long gets a GpuIdle Warning Event "
+        "on it and its pods (e.g. 30m, 90s, 1h; default 30m; 0: off); needs telemetry",
+        metavar="DURATION",
+    )
+    add(
+        "--idle-threshold",
+        "idle_threshold",
+        "SM utilization (0..1) under which a claim's GPU counts as idle "
+        f"(default {DEFAULT_IDLE_THRESHOLD:g})",
+        metavar="RATIO",
+    )
 
 
 def _pick(values: Mapping[str, object], env: Mapping[str, str], dest: str) -> str | None:
@@ -269,6 +303,29 @@ def _interval(raw: str | None) -> float | None:
     if not math.isfinite(seconds) or seconds < 0:
         raise SettingsError(f"rediscover interval must be >= 0 seconds (0: off), got {raw!r}")
     return seconds or None
+
+
+def _seconds(raw: str | None, default: float, what: str) -> float | None:
+    """A number of seconds or a duration (``90s``, ``30m``, ``1h``); 0 is None (off)."""
+    if raw is None:
+        return default or None
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|h)?\s*", raw)
+    if match is None:
+        raise SettingsError(f"{what} must be seconds or a duration like 90s, 30m, 1h; got {raw!r}")
+    seconds = float(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2] or "s"]
+    return seconds or None
+
+
+def _ratio(raw: str | None, default: float, what: str) -> float:
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{what} must be a number from 0 to 1, got {raw!r}") from None
+    if not 0 <= value <= 1:
+        raise SettingsError(f"{what} must be from 0 to 1, got {raw!r}")
+    return value
 
 
 def _metrics_address(raw: str | None) -> tuple[str, int] | None:
@@ -351,6 +408,11 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         mig_mode=mig_mode,
         warnings=tuple(warnings),
         consumable_shares=share_mode,
+        telemetry_interval_s=_seconds(
+            pick("telemetry_interval"), DEFAULT_TELEMETRY_INTERVAL_S, "--telemetry-interval"
+        ),
+        idle_after_s=_seconds(pick("idle_after"), DEFAULT_IDLE_AFTER_S, "--idle-after"),
+        idle_threshold=_ratio(pick("idle_threshold"), DEFAULT_IDLE_THRESHOLD, "--idle-threshold"),
     )
     for path in dataclasses.astuple(socket_paths(settings)):
         if len(str(path).encode()) > sockets.MAX_PATH:

@@ -86,6 +86,7 @@ CERT_MANAGER_CRDS: list[dict[str, Any]] = [
         ("cert-manager.io", "Certificate", "certificates"),
         ("cert-manager.io", "Issuer", "issuers"),
         ("monitoring.coreos.com", "ServiceMonitor", "servicemonitors"),
+        ("monitoring.coreos.com", "PrometheusRule", "prometheusrules"),
     )
 ]
 
@@ -108,7 +109,7 @@ def test_committed_plain_manifests_match_the_chart() -> None:
         [
             "--set",
             "metrics.enabled=true,metrics.serviceMonitor.enabled=true,"
-            "metrics.grafanaDashboard.enabled=true",
+            "metrics.grafanaDashboard.enabled=true,metrics.prometheusRule.enabled=true",
         ],
     ],
     ids=["defaults", "simulated-webhook", "metrics"],
@@ -160,6 +161,7 @@ VARIANTS: dict[str, dict[str, str | bool | int]] = {
         "metrics.enabled": True,
         "metrics.serviceMonitor.enabled": True,
         "metrics.grafanaDashboard.enabled": True,
+        "metrics.prometheusRule.enabled": True,
         "webhook.enabled": True,
         "webhook.certManager.enabled": True,
     },
@@ -812,3 +814,18 @@ def test_controller_runs_with_only_the_charts_permissions(
         assert "403" not in controller.log_tail(200), controller.log_tail(200)
     finally:
         controller.stop()
+
+
+def test_telemetry_runs_in_the_host_pid_namespace_only_with_metrics_on() -> None:
+    def plugin_spec(values: dict[str, str | bool | int]) -> dict[str, Any]:
+        docs = _docs(helm.render(set_values=values))
+        (plugin,) = [d for d in docs if d["kind"] == "DaemonSet"]
+        spec: dict[str, Any] = plugin["spec"]["template"]["spec"]
+        return spec
+
+    assert "hostPID" not in plugin_spec({})
+    on: dict[str, str | bool | int] = {"metrics.enabled": True}
+    assert plugin_spec(on)["hostPID"] is True
+    assert "hostPID" not in plugin_spec({**on, "metrics.telemetry.hostPID": False})
+    env = _plugin_env({**on, "metrics.telemetry.idleAfter": "90s"})
+    assert env["IDLE_AFTER"] == "90s" and env["TELEMETRY_INTERVAL"] == "10"

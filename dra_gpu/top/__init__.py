@@ -1,0 +1,1 @@
+"""``dra-gpu top``: GPU utilization, memory and idle time by node, device, claim and pod."""
