@@ -78,18 +78,26 @@ def _python_tag(engine: DockerEngine, base: str) -> str:
     return out.strip()
 
 
-def ensure_wheels(
-    python_tag: str, log: Log, *, lock: Path = LOCK, pyproject: Path = PYPROJECT
-) -> Path:
-    requirements = [
+def lock_requirements(lock: Path = LOCK) -> list[str]:
+    return [
         line.strip()
         for line in lock.read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    build = build_requirements(pyproject)
+
+
+def wheels_key(requirements: list[str], build: list[str], python_tag: str) -> str:
+    """The wheels cache's key: a tree with another lock (an earlier release's) gets its own."""
     inputs = [requirements, build, python_tag, "deps-of-build"]
-    key = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
-    dest = cache_root() / "wheels" / key
+    return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
+
+
+def ensure_wheels(
+    python_tag: str, log: Log, *, lock: Path = LOCK, pyproject: Path = PYPROJECT
+) -> Path:
+    requirements = lock_requirements(lock)
+    build = build_requirements(pyproject)
+    dest = cache_root() / "wheels" / wheels_key(requirements, build, python_tag)
     if (dest / ".complete").is_file():
         return dest
     log(f"[image] downloading {len(requirements) + len(build)} wheels for CPython {python_tag}")
