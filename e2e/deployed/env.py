@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -145,6 +146,12 @@ class DeployedEnv:
         self.nodes_root = nodes_root(self.workdir)
         self.timings: dict[str, float] = {}
 
+    @property
+    def archive_dir(self) -> Path:
+        """This run's image archives: a concurrent run's build of the same tags must not
+        replace them before the nodes import them (it did, through a shared cache path)."""
+        return self.workdir / "images"
+
     # ----- lifecycle ----------------------------------------------------------------------
 
     def build_images(self) -> None:
@@ -155,7 +162,12 @@ class DeployedEnv:
                 labels = {BUILD_LABEL: str(number)}
                 context = self.previous.root if self.previous and number == 1 else REPO_ROOT
                 self.images[tag] = driver_image.build(
-                    engine, ref, labels=labels, log=self.log, context=context
+                    engine,
+                    ref,
+                    labels=labels,
+                    log=self.log,
+                    context=context,
+                    archive_dir=self.archive_dir,
                 )
                 self.timings[f"build {tag}"] = time.monotonic() - started
             # Images of earlier source trees, untagged by these builds: the data root is kept
@@ -187,6 +199,7 @@ class DeployedEnv:
                 )
                 for image in self.images.values():
                     node.ctr("images", "import", str(image.archive))
+            shutil.rmtree(self.archive_dir, ignore_errors=True)  # imported; hundreds of MiB
             for release in RELEASES:
                 self._prepare_namespace(release)
         except BaseException:

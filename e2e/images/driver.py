@@ -136,9 +136,12 @@ def build(
     labels: dict[str, str],
     log: Log,
     context: Path = REPO_ROOT,
+    archive_dir: Path | None = None,
 ) -> BuiltImage:
     """``docker build`` of ``context``'s Dockerfile (the repository's by default) as ``ref``;
-    saved for ``ctr`` import."""
+    saved for ``ctr`` import into ``archive_dir`` (default: the cache). A caller that imports
+    the archive later passes a directory of its own: another run on the machine building the
+    same ref would otherwise replace the file in between."""
     base = ensure_base_image(engine, log, context / "Dockerfile")
     wheels = ensure_wheels(
         _python_tag(engine, base),
@@ -156,7 +159,8 @@ def build(
     image_id = engine.image_id(ref) or ""
     size = int(engine.docker("image", "inspect", "--format", "{{.Size}}", ref).stdout.strip())
     name = re.sub(r"[^A-Za-z0-9._-]", "_", ref)
-    archive = engine.save([ref], cache_root() / "driver-images" / f"{name}.tar")
+    directory = archive_dir if archive_dir is not None else cache_root() / "driver-images"
+    archive = engine.save([ref], directory / f"{name}.tar")
     return BuiltImage(ref=ref, image_id=image_id, size_bytes=size, archive=archive)
 
 

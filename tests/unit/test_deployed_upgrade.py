@@ -120,3 +120,13 @@ def test_a_missing_or_undecodable_checkpoint_is_named() -> None:
     problems = node_state.missing_claims({"gpu-h200": {"a"}, "gpu-a100": {"b"}}, files)
     assert problems[0].startswith("gpu-a100: checkpoint.json does not decode")
     assert problems[1] == "gpu-h200: no checkpoint.json"
+
+
+def test_a_runs_image_archives_are_its_own(tmp_path: Path) -> None:
+    # Two runs on one machine: the second's build of e2e-1/e2e-2 replaced the archives the
+    # first had not imported yet (a shared cache path), so its nodes ran the wrong images.
+    from e2e.deployed.env import DeployedEnv
+
+    first, second = DeployedEnv(workdir=tmp_path / "a"), DeployedEnv(workdir=tmp_path / "b")
+    assert first.archive_dir.is_relative_to(first.workdir)
+    assert first.archive_dir != second.archive_dir
