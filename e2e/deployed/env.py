@@ -20,23 +20,30 @@ The chart is then installed with the real helm, one release per node (``RELEASES
 kubelet has its own root directory, and the chart's host paths (``kubeletPlugin.kubeletDir``,
 ``cdiRoot``) are per release, the same way ``e2e/kind/run.sh`` installs one release per profile.
 ``down()`` stops everything in reverse order and is idempotent.
+
+``DeployedEnv(upgrade_from=REF)``: the first image (``e2e-1``) is built from the tree of the git
+ref ``REF`` (``e2e.deployed.source``, exported into the work directory), and ``install`` uses that
+tree's chart with its own default values; ``upgrade`` uses this tree's chart, as always.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from e2e import helm
 from e2e.cluster import Cluster
+from e2e.deployed import source
 from e2e.images import driver as driver_image
+from e2e.images.base import REPO_ROOT
 from e2e.images.docker_engine import DockerEngine
 from e2e.node import cleanup as node_cleanup
 from e2e.node.binaries import ensure_node_binaries
@@ -49,6 +56,7 @@ TAGS = ("e2e-1", "e2e-2")
 BUILD_LABEL = "dra-gpu.test/build"
 PROFILE_LABEL = "dra-gpu.test/profile"
 REAL_NODE_SELECTOR = {"dra-gpu.test/real-node": "true"}
+DRIVER_DIR = "gpu.nvidia.com"  # the plugin's state directory under the kubelet's plugins dir
 
 
 @dataclass(frozen=True)
@@ -113,9 +121,13 @@ def release_values(
 
 
 class DeployedEnv:
-    def __init__(self, *, workdir: Path | None = None, log: Log = _stderr) -> None:
+    def __init__(
+        self, *, workdir: Path | None = None, upgrade_from: str | None = None, log: Log = _stderr
+    ) -> None:
         self.workdir = (workdir or Path(tempfile.mkdtemp(prefix="dra-gpu-deployed-"))).resolve()
         self.log = log
+        self.upgrade_from = upgrade_from
+        self.previous: source.Tree | None = None  # exported by up() when upgrade_from is set
         self.api_ip = api_address(self.workdir)
         # Pods reach the API server through the `kubernetes` Service, whose endpoint is the
         # advertised address (the harness's default, 127.0.0.1, cannot be one).
@@ -134,6 +146,12 @@ class DeployedEnv:
         self.nodes_root = nodes_root(self.workdir)
         self.timings: dict[str, float] = {}
 
+    @property
+    def archive_dir(self) -> Path:
+        """This run's image archives: a concurrent run's build of the same tags must not
+        replace them before the nodes import them (it did, through a shared cache path)."""
+        return self.workdir / "images"
+
     # ----- lifecycle ----------------------------------------------------------------------
 
     def build_images(self) -> None:
@@ -142,7 +160,15 @@ class DeployedEnv:
                 started = time.monotonic()
                 ref = f"{IMAGE_REPOSITORY}:{tag}"
                 labels = {BUILD_LABEL: str(number)}
-                self.images[tag] = driver_image.build(engine, ref, labels=labels, log=self.log)
+                context = self.previous.root if self.previous and number == 1 else REPO_ROOT
+                self.images[tag] = driver_image.build(
+                    engine,
+                    ref,
+                    labels=labels,
+                    log=self.log,
+                    context=context,
+                    archive_dir=self.archive_dir,
+                )
                 self.timings[f"build {tag}"] = time.monotonic() - started
             # Images of earlier source trees, untagged by these builds: the data root is kept
             # between runs, and would otherwise grow with every change.
@@ -152,6 +178,9 @@ class DeployedEnv:
         try:
             # Debian packages first: kube-proxy needs iptables before the first node is up.
             ensure_node_binaries()
+            if self.upgrade_from is not None:
+                self.previous = source.export(self.upgrade_from, self.workdir / "upgrade-from")
+                self.log(f"[deployed] e2e-1 from {self.upgrade_from} ({self.previous.commit})")
             self.build_images()
             # The kit's own host-wide things, reaped as a node's are if this process is killed.
             node_cleanup.register(self._record())
@@ -170,6 +199,7 @@ class DeployedEnv:
                 )
                 for image in self.images.values():
                     node.ctr("images", "import", str(image.archive))
+            shutil.rmtree(self.archive_dir, ignore_errors=True)  # imported; hundreds of MiB
             for release in RELEASES:
                 self._prepare_namespace(release)
         except BaseException:
@@ -232,19 +262,42 @@ class DeployedEnv:
             raise RuntimeError(f"helm {' '.join(args)} failed:\n{proc.stderr}{proc.stdout}")
         return proc
 
+    @property
+    def first_chart(self) -> Path:
+        """The chart ``install`` uses: the earlier release's with ``upgrade_from``."""
+        return self.previous.chart if self.previous is not None else helm.CHART
+
     def install(self, release: Release, tag: str, *, wait: bool = True) -> str:
-        """``helm install`` (or ``upgrade`` when ``upgrade``); returns helm's output (NOTES)."""
-        return self._apply("install", release, tag, wait=wait)
+        """``helm install``; returns helm's output (NOTES)."""
+        return self._apply("install", release, tag, self.first_chart, wait=wait)
 
-    def upgrade(self, release: Release, tag: str, *, wait: bool = True) -> str:
-        return self._apply("upgrade", release, tag, wait=wait)
+    def upgrade(
+        self, release: Release, tag: str, *, wait: bool = True, extra: Sequence[str] = ()
+    ) -> str:
+        """``helm upgrade`` to this tree's chart, with the kit's values on the command line
+        (``--set``): what reaches the chart is those and the chart's defaults, as with a
+        user's values file (``extra``: more helm flags, e.g. ``--dry-run``)."""
+        return self._apply("upgrade", release, tag, helm.CHART, wait=wait, extra=extra)
 
-    def _apply(self, verb: str, release: Release, tag: str, *, wait: bool) -> str:
-        argv = [verb, release.name, str(helm.CHART), "--namespace", release.name]
+    def _apply(
+        self,
+        verb: str,
+        release: Release,
+        tag: str,
+        chart: Path,
+        *,
+        wait: bool,
+        extra: Sequence[str] = (),
+    ) -> str:
+        argv = [verb, release.name, str(chart), "--namespace", release.name, *extra]
         if wait:
             argv += ["--wait", "--timeout", "5m"]
         argv += helm.set_args(self.values(release, tag))
         return self.helm(*argv).stdout
+
+    def state_dir(self, node: str) -> Path:
+        """The plugin's state directory on ``node`` (its checkpoint), read from the host."""
+        return self.nodes[node].paths.plugins_dir / DRIVER_DIR
 
     def uninstall(self, release: Release) -> str:
         return self.helm("uninstall", release.name, "--namespace", release.name, "--wait").stdout

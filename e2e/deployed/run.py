@@ -18,8 +18,19 @@ kube-proxy), then runs these checks in order and prints one line per check and a
   image, no pod got a ``FailedPrepareDynamicResources`` event, every pod created during the rollout
   ran, the claims prepared before it are unprepared by the new plugins when their pods go, and a
   pod created after it runs;
+  pod created after it runs; the nodes' ``checkpoint.json`` still hold the claims prepared
+  before it;
 - ``uninstall``: ``helm uninstall`` removes the chart's objects; what stays (docs/install.md):
   the DeviceClasses the controller made and each node's checkpoint.
+
+``--upgrade-from REF``: the upgrade from an earlier release. ``e2e-1`` is built from the tree of
+the git ref REF and installed with that tree's chart and default values; ``upgrade`` goes to this
+tree's chart and image (``e2e-2``). The scenarios are left out (they judge this tree's plugin, not
+REF's). ``upgrade`` also checks, before it, that REF's plugins wrote the journal files of their
+checkpoint (``checkpoint.journal-0``/``-1``, the previous release's durable writes) on each node
+holding a claim, that ``helm upgrade --reuse-values`` is refused with the chart's message when
+REF's default values set ``kubeletPlugin.grpcServer`` and that ``--reset-then-reuse-values``
+renders (``--dry-run``); after it, that the journal files are gone.
 
 ``Report.figures`` holds the timings ``bench/deployed.py`` prints.
 """
@@ -42,7 +53,9 @@ from typing import Any
 from kubernetes.client import ApiException
 
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
+from e2e import helm
 from e2e.cluster import ClusterError
+from e2e.deployed import node_state
 from e2e.deployed.env import REAL_NODE_SELECTOR, RELEASES, TAGS, DeployedEnv, Release
 from e2e.suite import runner
 from e2e.suite.kube import RESOURCE, Kube, load_manifests, wait_for
@@ -53,6 +66,7 @@ TIMEOUT_S = 180.0
 OLD_POD_S = 60.0  # an old plugin pod's termination after helm --wait returned
 FAILED_PREPARE = "FailedPrepareDynamicResources"
 PROBES_HELD = 4
+REMOVED_GRPC_SERVER = "kubeletPlugin.grpcServer was removed"
 
 
 def _stderr(line: str) -> None:
@@ -271,8 +285,63 @@ class Checks:
             return [str(exc)]
         return []
 
+    def held_claims(self, runs: list[runner.Run]) -> dict[str, set[str]]:
+        """Node -> UIDs of the claims ``runs`` hold there (their pods' node)."""
+        held: dict[str, set[str]] = {}
+        for run in runs:
+            nodes = {pod["spec"].get("nodeName") or "" for pod in run.pods.values()}
+            for node in nodes:
+                uids = {claim["metadata"]["uid"] for claim in run.claims.values()}
+                held.setdefault(node, set()).update(uids)
+        return held
+
+    def journals(self) -> dict[str, list[str]]:
+        return {r.node: node_state.journal_names(self.env.state_dir(r.node)) for r in RELEASES}
+
+    def previous_journals(self, held: dict[str, set[str]]) -> list[str]:
+        """Before the upgrade from an earlier release: its journal files on each node that holds
+        a claim (else the upgrade would not exercise their migration)."""
+        found = self.journals()
+        for node, names in found.items():
+            print(f"    journal files on {node} before the upgrade: {names}", flush=True)
+        return [
+            f"{node}: no journal file of the previous release in {self.env.state_dir(node)}"
+            for node in held
+            if not found.get(node)
+        ]
+
+    def reused_values(self) -> list[str]:
+        """``helm upgrade --dry-run`` of the first release to this chart keeping its values:
+        ``--reuse-values`` keeps the earlier chart's defaults too, so a removed value among them
+        must be refused with the chart's message; ``--reset-then-reuse-values`` (this chart's
+        defaults, the user's own values) renders."""
+        release = RELEASES[0]
+        previous = self.env.previous
+        assert previous is not None
+        defaults = (previous.chart / "values.yaml").read_text()
+        base = ["upgrade", release.name, str(helm.CHART), "--namespace", release.name]
+        base += ["--dry-run", "--set", f"image.tag={TAGS[1]}"]
+        problems = []
+        if "grpcServer:" in defaults:
+            try:
+                self.env.helm(*base, "--reuse-values")
+                problems.append("--reuse-values kept grpcServer, and the chart did not refuse it")
+            except RuntimeError as exc:
+                if REMOVED_GRPC_SERVER not in str(exc):
+                    problems.append(f"--reuse-values failed, not with the chart's message: {exc}")
+        try:
+            self.env.helm(*base, "--reset-then-reuse-values")
+        except RuntimeError as exc:
+            problems.append(str(exc))
+        return problems
+
     def upgrade(self) -> list[str]:
         holding = [self.start_running("one-gpu"), self.start_running("mig-by-profile")]
+        held = self.held_claims(holding)
+        before: list[str] = []
+        if self.env.previous is not None:
+            before += self.previous_journals(held)
+            before += self.reused_values()
         failed_prepares: list[str] = []
         stop = threading.Event()
 
@@ -326,7 +395,7 @@ class Checks:
         watcher.start()
         prober.start()
         started = time.monotonic()
-        problems: list[str] = []
+        problems: list[str] = list(before)
         try:
             for release in RELEASES:
                 self.env.upgrade(release, TAGS[1])
@@ -363,6 +432,7 @@ class Checks:
             images = {p["spec"]["containers"][0]["image"] for p in pods}
             if images != {f"dra-gpu:{TAGS[1]}"}:
                 problems.append(f"{release.name}: plugin images after the upgrade {images}")
+        problems += self._checkpoints_kept(held)
         for run in [*holding, *live]:
             problems += runner.finish(self.ctx, run)
         problems += self._unprepared_by_new(holding)
@@ -385,6 +455,17 @@ class Checks:
             problems.append("no pod was started during the rollout")
         problems += [f"{FAILED_PREPARE}: {text}" for text in failed_prepares]
         return problems
+
+    def _checkpoints_kept(self, held: dict[str, set[str]]) -> list[str]:
+        """Once only the new plugins run: no journal file of the previous release is left, and
+        each node's checkpoint.json holds the claims prepared before the upgrade."""
+        problems = [
+            f"{node}: journal files left after the upgrade: {names}"
+            for node, names in self.journals().items()
+            if names
+        ]
+        files = {node: node_state.read_checkpoint(self.env.state_dir(node)) for node in held}
+        return problems + node_state.missing_claims(held, files)
 
     def _unprepared_by_new(self, runs: list[runner.Run]) -> list[str]:
         """Each claim's unprepare is in the log of a plugin pod of the new version."""
@@ -461,8 +542,10 @@ def run(env: DeployedEnv, report: Report, *, log: Callable[[str], None] = _stder
         ("policy", checks.policy),
     ):
         checks.check(name, body)
-    for scenario in SCENARIOS:
-        checks.check(f"scenario {scenario.name}", functools.partial(checks.scenario, scenario.name))
+    if env.upgrade_from is None:
+        for scenario in SCENARIOS:
+            name = scenario.name
+            checks.check(f"scenario {name}", functools.partial(checks.scenario, name))
     checks.check("upgrade", checks.upgrade)
     checks.check("uninstall", checks.uninstall)
     return report
@@ -487,15 +570,26 @@ def deployed(env: DeployedEnv, report: Report) -> Iterator[DeployedEnv]:
             print(f"logs kept in {env.workdir}", flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argparse.ArgumentParser(
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
         prog="python -m e2e.deployed",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    ).parse_args(argv)
+    )
+    parser.add_argument(
+        "--upgrade-from",
+        metavar="REF",
+        help="build the first image from this git ref (a commit, tag or branch of the "
+        "repository) and install it with that ref's chart; the upgrade goes to this tree",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     started = time.monotonic()
     report = Report()
-    env = DeployedEnv()
+    env = DeployedEnv(upgrade_from=args.upgrade_from)
     try:
         with deployed(env, report):
             run(env, report)

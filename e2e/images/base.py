@@ -112,9 +112,9 @@ def debootstrap(
         tar.replace(out)
 
 
-def debian_source() -> tuple[str, str]:
+def debian_source(dockerfile: Path = DOCKERFILE) -> tuple[str, str]:
     """The Debian release of the Dockerfile's base and the archive this machine's apt uses."""
-    release = debian_release(dockerfile_base())
+    release = debian_release(dockerfile_base(dockerfile))
     return release, apt_mirror(release, host_apt_sources())
 
 
@@ -138,9 +138,9 @@ def import_rootfs(
     return ref
 
 
-def ensure_base_image(engine: DockerEngine, log: Log) -> str:
+def ensure_base_image(engine: DockerEngine, log: Log, dockerfile: Path = DOCKERFILE) -> str:
     """The local equivalent of the Dockerfile's base, in ``engine``; returns its reference."""
-    key = cache_key(*debian_source())
+    key = cache_key(*debian_source(dockerfile))
     changes = (
         "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         'CMD ["python3"]',

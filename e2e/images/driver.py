@@ -11,7 +11,9 @@ host trusts, the build still uses the Dockerfile users build, with two build arg
   from ``PYTHON_IMAGE``: no wheel, CA or pip setting reaches the image.
 
 Wheels are cached under ``<cache>/wheels/<key>/`` (key: the lock, the build requirements and the
-base's Python), downloaded once.
+base's Python), downloaded once. ``build(..., context=)`` builds another source tree (an earlier
+release's, for the upgrade from it): its own Dockerfile, lock and build requirements, so its
+wheels get their own key.
 """
 
 from __future__ import annotations
@@ -76,16 +78,26 @@ def _python_tag(engine: DockerEngine, base: str) -> str:
     return out.strip()
 
 
-def ensure_wheels(python_tag: str, log: Log) -> Path:
-    requirements = [
+def lock_requirements(lock: Path = LOCK) -> list[str]:
+    return [
         line.strip()
-        for line in LOCK.read_text().splitlines()
+        for line in lock.read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    build = build_requirements()
+
+
+def wheels_key(requirements: list[str], build: list[str], python_tag: str) -> str:
+    """The wheels cache's key: a tree with another lock (an earlier release's) gets its own."""
     inputs = [requirements, build, python_tag, "deps-of-build"]
-    key = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
-    dest = cache_root() / "wheels" / key
+    return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
+
+
+def ensure_wheels(
+    python_tag: str, log: Log, *, lock: Path = LOCK, pyproject: Path = PYPROJECT
+) -> Path:
+    requirements = lock_requirements(lock)
+    build = build_requirements(pyproject)
+    dest = cache_root() / "wheels" / wheels_key(requirements, build, python_tag)
     if (dest / ".complete").is_file():
         return dest
     log(f"[image] downloading {len(requirements) + len(build)} wheels for CPython {python_tag}")
@@ -117,21 +129,38 @@ def ensure_build_base(engine: DockerEngine, base: str, wheels: Path) -> str:
     return ref
 
 
-def build(engine: DockerEngine, ref: str, *, labels: dict[str, str], log: Log) -> BuiltImage:
-    """``docker build`` of the repository's Dockerfile as ``ref``; saved for ``ctr`` import."""
-    base = ensure_base_image(engine, log)
-    wheels = ensure_wheels(_python_tag(engine, base), log)
+def build(
+    engine: DockerEngine,
+    ref: str,
+    *,
+    labels: dict[str, str],
+    log: Log,
+    context: Path = REPO_ROOT,
+    archive_dir: Path | None = None,
+) -> BuiltImage:
+    """``docker build`` of ``context``'s Dockerfile (the repository's by default) as ``ref``;
+    saved for ``ctr`` import into ``archive_dir`` (default: the cache). A caller that imports
+    the archive later passes a directory of its own: another run on the machine building the
+    same ref would otherwise replace the file in between."""
+    base = ensure_base_image(engine, log, context / "Dockerfile")
+    wheels = ensure_wheels(
+        _python_tag(engine, base),
+        log,
+        lock=context / "requirements.lock",
+        pyproject=context / "pyproject.toml",
+    )
     build_base = ensure_build_base(engine, base, wheels)
     argv = ["build", "--network", "none", "--tag", ref]
     argv += ["--build-arg", f"PYTHON_IMAGE={base}", "--build-arg", f"BUILD_IMAGE={build_base}"]
     for key, value in labels.items():
         argv += ["--label", f"{key}={value}"]
     log(f"[image] docker build -t {ref} (base {base})")
-    engine.docker(*argv, str(REPO_ROOT))
+    engine.docker(*argv, str(context))
     image_id = engine.image_id(ref) or ""
     size = int(engine.docker("image", "inspect", "--format", "{{.Size}}", ref).stdout.strip())
     name = re.sub(r"[^A-Za-z0-9._-]", "_", ref)
-    archive = engine.save([ref], cache_root() / "driver-images" / f"{name}.tar")
+    directory = archive_dir if archive_dir is not None else cache_root() / "driver-images"
+    archive = engine.save([ref], directory / f"{name}.tar")
     return BuiltImage(ref=ref, image_id=image_id, size_bytes=size, archive=archive)
 
 
