@@ -348,7 +348,9 @@ def explain_pending(node: Node, pod_name: str) -> analysis.Report:
     return analysis.explain_claim(
         cast(ResourceClaim, get(node, "resourceclaim", claim_name)),
         classes=classes,
-        slices=listed("resourceslices"),
+        # This node's slices only: the session's cluster also holds other tests' nodes, whose
+        # GPUs would fit the claim (explain is asked about this node's shares).
+        slices=[s for s in listed("resourceslices") if s["spec"].get("nodeName") == node.name],
         claims=listed("resourceclaims", "-A"),
     )
 
