@@ -85,11 +85,35 @@ class KubeClient:
             fixed["Content-Type"] = "application/json"
         data = json.dumps(body).encode() if body is not None else None
 
+        answer = self._answered(
+            method, _target(path, query), fixed, data, timeout_s=timeout_s, request=request
+        )
+        try:
+            decoded = json.loads(answer.body or b"{}")
+        except ValueError as err:
+            raise errors.ApiError("response is not JSON", request=request) from err
+        if not isinstance(decoded, dict):
+            raise errors.ApiError("response is not a JSON object", request=request)
+        return Reply(decoded, parse_warnings(answer.warnings))
+
+    def _answered(
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        data: bytes | None,
+        *,
+        timeout_s: float,
+        request: str,
+    ) -> Answer:
+        """One request with credentials, sent again once with renewed ones after a 401 (it
+        comes before anything took effect, so any method may be); a 2xx answer or an ApiError."""
+
         def send(auth: dict[str, str]) -> Answer:
             return self._transport.request(
                 method,
-                _target(path, query),
-                {**fixed, **auth},
+                target,
+                {**headers, **auth},
                 data,
                 connect_s=min(CONNECT_TIMEOUT_S, timeout_s),
                 read_s=timeout_s,
@@ -98,18 +122,11 @@ class KubeClient:
 
         auth = self._auth_headers(request)
         answer = send(auth)
-        # A 401 comes before anything took effect, so any method may be sent again.
         if answer.status == 401 and (renewed := self._renewed(auth, request)) is not None:
             answer = send(renewed)
         if not 200 <= answer.status < 300:
             raise _error(answer.status, answer.body, request=request)
-        try:
-            decoded = json.loads(answer.body or b"{}")
-        except ValueError as err:
-            raise errors.ApiError("response is not JSON", request=request) from err
-        if not isinstance(decoded, dict):
-            raise errors.ApiError("response is not a JSON object", request=request)
-        return Reply(decoded, parse_warnings(answer.warnings))
+        return answer
 
     def request(
         self,
@@ -127,24 +144,9 @@ class KubeClient:
         """A GET whose answer is text, not JSON (a pod's ``/metrics`` through the API server's
         proxy); an ApiError otherwise."""
         request = f"GET {path}"
-
-        def send(auth: dict[str, str]) -> Answer:
-            return self._transport.request(
-                "GET",
-                path,
-                {"Accept": "text/plain", **auth},
-                None,
-                connect_s=min(CONNECT_TIMEOUT_S, timeout_s),
-                read_s=timeout_s,
-                request=request,
-            )
-
-        auth = self._auth_headers(request)
-        answer = send(auth)
-        if answer.status == 401 and (renewed := self._renewed(auth, request)) is not None:
-            answer = send(renewed)
-        if not 200 <= answer.status < 300:
-            raise _error(answer.status, answer.body, request=request)
+        answer = self._answered(
+            "GET", path, {"Accept": "text/plain"}, None, timeout_s=timeout_s, request=request
+        )
         return answer.body.decode(errors="replace")
 
     def watch(
