@@ -42,17 +42,24 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.controller.classes import GPU_CLASS
 from e2e.cluster import Cluster
 from e2e.driver import Driver, PluginProcess, controller_process
-from e2e.gpu import image
+from e2e.gpu import claim_facts, image, share_pods, telemetry_pods
 from e2e.images import node_images as images
 from e2e.kubelet_calls import prepare_cycles
 from e2e.node.kubelet_node import Node
+from e2e.procs import free_ports
 from e2e.suite.kube import RESOURCE, Kube, wait_for
 
 NAMESPACE = "gpu-demo"
 NODE_NAME = "gpu-node"
 DONE = "check-done"
-# What every check pod runs: CUDA's view, then nvidia-smi's, then it stays up for the harness.
-SCRIPT = f"gpucheck; echo nvidia-smi:; nvidia-smi -L 2>&1; echo {DONE}; exec sleep 3600"
+# What every check pod runs: CUDA's view, nvidia-smi's, its device metadata files, then its
+# workload (by default none: it stays up for the harness).
+SCRIPT = (
+    "gpucheck; echo nvidia-smi:; nvidia-smi -L 2>&1; "
+    f"{claim_facts.METADATA_SCRIPT}; echo {DONE}; exec {{then}}"
+)
+TELEMETRY_INTERVAL_S = 5.0
+IDLE_AFTER_S = 60.0
 _DEVICE_RE = re.compile(r"^cuda-device (\d+): uuid=(\S+) memory=(\d+) name=(.*)$", re.MULTILINE)
 _SMI_RE = re.compile(r"^GPU \d+: (.*) \(UUID: (GPU-[0-9a-f-]+)\)$", re.MULTILINE)
 
@@ -88,6 +95,7 @@ class Report:
     seen: list[Seen] = field(default_factory=list)
     figures: dict[str, float] = field(default_factory=dict)
     device: dict[str, Any] = field(default_factory=dict)
+    sections: dict[str, list[str]] = field(default_factory=dict)
 
     def check(self, what: str, ok: bool, detail: str = "") -> None:
         self.checks.append((what, ok, detail))
@@ -98,12 +106,14 @@ class Report:
         return all(ok for _w, ok, _d in self.checks)
 
 
-def check_pod(name: str, *, claim: dict[str, Any] | None) -> dict[str, Any]:
+def check_pod(
+    name: str, *, claim: dict[str, Any] | None, then: str = "sleep 3600"
+) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "check",
         "image": image.CHECK_IMAGE,
         "imagePullPolicy": "Never",
-        "command": ["/bin/sh", "-c", SCRIPT],
+        "command": ["/bin/sh", "-c", SCRIPT.format(then=then)],
     }
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -250,6 +260,15 @@ def run(kube: Kube, node: Node, plugin: PluginProcess, args: argparse.Namespace)
         str(one.smi_uuids),
     )
     report.check("cuda-none sees no CUDA device", none.cuda_devices == 0, str(none.cuda_devices))
+    if uuid:
+        for found in claim_facts.check(
+            claim=kube.claim(NAMESPACE, claim_name) or {},
+            device=names[0],
+            published=device,
+            log=one.log,
+            nvml=claim_facts.nvml_facts(uuid),
+        ):
+            report.check(found.what, found.ok, found.detail)
     claim_uid = str((kube.claim(NAMESPACE, claim_name) or {}).get("metadata", {}).get("uid"))
     spec_named = [p for p in node.cdi_specs() if claim_uid in p.name]
     kube.delete_pods(NAMESPACE, ["cuda-one", "cuda-none"])
@@ -266,8 +285,13 @@ def run(kube: Kube, node: Node, plugin: PluginProcess, args: argparse.Namespace)
     report.check("unprepare removed cuda-one's CDI spec", bool(spec_named), str(spec_named))
 
     kube.create(NAMESPACE, claim("shared"))
-    for pod in ("shared-a", "shared-b"):
-        kube.create(NAMESPACE, check_pod(pod, claim={"resourceClaimName": "shared"}))
+    # shared-a keeps the GPU busy, shared-b holds memory and does nothing: telemetry by pod.
+    workloads = {
+        "shared-a": f"gpucheck load {telemetry_pods.BUSY_MIB}",
+        "shared-b": f"gpucheck hold {telemetry_pods.IDLE_MIB}",
+    }
+    for pod, then in workloads.items():
+        kube.create(NAMESPACE, check_pod(pod, claim={"resourceClaimName": "shared"}, then=then))
     wait_started(kube, ["shared-a", "shared-b"], timeout=args.wait)
     a, b = (read_seen(kube, p, timeout=args.wait) for p in ("shared-a", "shared-b"))
     report.seen += [a, b]
@@ -278,6 +302,19 @@ def run(kube: Kube, node: Node, plugin: PluginProcess, args: argparse.Namespace)
         a.cuda_uuids == b.cuda_uuids == (shared_uuid,),
         f"{a.cuda_uuids} {b.cuda_uuids}, allocated {shared_uuid}",
     )
+    telemetry = telemetry_pods.observe(
+        kube,
+        url=f"http://127.0.0.1:{args.metrics_port}/metrics",
+        namespace=NAMESPACE,
+        claim="shared",
+        busy="shared-a",
+        idle="shared-b",
+        idle_after_s=IDLE_AFTER_S,
+        interval_s=TELEMETRY_INTERVAL_S,
+    )
+    report.checks += telemetry.checks
+    report.sections["telemetry by pod (shared-a busy, shared-b idle)"] = telemetry.lines
+    report.sections["dra-gpu top"] = telemetry.top.splitlines()
     shared_claim = kube.claim(NAMESPACE, "shared") or {}
     latencies = prepare_cycles(
         plugin.dirs.data / "dra.sock",
@@ -319,6 +356,10 @@ def print_report(report: Report) -> None:
     print("\nallocated device:", json.dumps(report.device, sort_keys=True))
     for key, value in report.figures.items():
         print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+    for title, lines in report.sections.items():
+        print(f"\n{title}:")
+        for line in lines:
+            print(f"  {line}")
     for seen in report.seen:
         print(f"\n--- log of {seen.pod} ---\n{seen.log.rstrip()}")
     failed = [w for w, ok, _d in report.checks if not ok]
@@ -331,7 +372,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prepares", type=int, default=20)
     parser.add_argument("--wait", type=float, default=120.0, help="seconds per wait")
     parser.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    parser.add_argument(
+        "--slack", type=int, default=2048, help="MiB below its share a share's client may stop at"
+    )
     args = parser.parse_args(argv)
+    args.metrics_port = free_ports(1)[0]
     why = nvml_present()
     if why is not None:
         print(f"[gpu-demo] cannot run: {why}", file=sys.stderr)
@@ -347,11 +392,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             controller = controller_process(
                 kubeconfig=cluster.kubeconfig, log_path=node.paths.logs / "controller.log"
             )
+            telemetry_flags = (
+                *("--metrics-address", f"127.0.0.1:{args.metrics_port}"),
+                *("--telemetry-interval", f"{TELEMETRY_INTERVAL_S:g}s"),
+                *("--idle-after", f"{IDLE_AFTER_S:g}s"),
+            )
             plugin = PluginProcess.for_node(
                 node,
                 kubeconfig=cluster.kubeconfig,
                 profile=None,
-                extra=("--driver-root", str(driver_root)),
+                extra=("--driver-root", str(driver_root), *telemetry_flags),
             )
             controller.start()
             plugin.start()
@@ -361,6 +411,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                 published_s = time.monotonic() - started
                 report = run(kube, node, plugin, args)
                 report.figures["plugin_start_to_published_s"] = published_s
+                # The same node's plugin again, publishing consumable shares enforced by MPS.
+                plugin.stop()
+                plugin = PluginProcess.for_node(
+                    node,
+                    kubeconfig=cluster.kubeconfig,
+                    profile=None,
+                    extra=(
+                        *("--driver-root", str(driver_root)),
+                        *("--consumable-shares", "memory", "--mps-support", "true"),
+                    ),
+                )
+                plugin.start()
+                plugin.wait_registered(timeout=args.wait)
+                wait_for(
+                    "consumable GPUs published",
+                    lambda: share_pods.consumable_published(kube, node.name),
+                    timeout=args.wait,
+                )
+                shares = share_pods.run(
+                    kube,
+                    namespace=NAMESPACE,
+                    wait_started=lambda pods: wait_started(kube, pods, timeout=args.wait),
+                    log=lambda pod, container: kube.log(NAMESPACE, pod, container),
+                    timeout=args.wait,
+                    slack_mib=args.slack,
+                )
+                report.checks += shares.checks
+                report.sections["consumable shares (40Gi and 20Gi of one GPU, MPS)"] = shares.lines
             except BaseException:
                 print(plugin.log_tail(60), file=sys.stderr)
                 raise

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from e2e.images import node_images as images
 
-CHECK_IMAGE = "localhost/dra-gpu/cuda-check:1"
+# The tag and archive name change with gpucheck.c: an archive is reused while present.
+CHECK_IMAGE = "localhost/dra-gpu/cuda-check:2"
 SOURCE = Path(__file__).with_name("gpucheck.c")
 # The C library the check binary links and what libcuda and nvidia-smi load from the image.
 GLIBC = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libgcc_s.so.1")
@@ -83,7 +84,7 @@ def check_spec(
 
 def ensure_check_image(out_dir: Path) -> Path:
     """Write (when missing) the check image's archive into ``out_dir``; returns its path."""
-    path = out_dir / "cuda-check-1.tar"
+    path = out_dir / "cuda-check-2.tar"
     if not path.is_file():
         with tempfile.TemporaryDirectory() as tmp:
             spec = check_spec(build_gpucheck(Path(tmp) / "gpucheck"))

@@ -9,6 +9,7 @@ part is detected; the demo on a machine without NVML exits 2 naming why.
 from __future__ import annotations
 
 import io
+import json
 import lzma
 import shutil
 import subprocess
@@ -16,7 +17,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from e2e.gpu import demo, stage
+from dra_gpu import DRIVER_NAME
+from e2e.gpu import claim_facts, demo, share_pods, stage, telemetry_pods
 
 ONE = """cuda-driver: 13.0
 cuda-devices: 1
@@ -100,3 +102,88 @@ def test_the_demo_without_a_gpu_says_why_and_exits_2() -> None:
     )
     assert result.returncode == 2
     assert "cannot run: NVML" in result.stderr
+
+
+UUID = "GPU-b89a1853-a419-1a9e-796f-e896f3c05262"
+FACTS = claim_facts.NvmlFacts(UUID, "NVIDIA H200", "0000:00:06.0", None, "NVML: Not Supported")
+
+
+def _metadata_log(uuid: str, *, numa: int | None = None) -> str:
+    attrs: dict[str, dict[str, object]] = {
+        "uuid": {"string": uuid},
+        "productName": {"string": "NVIDIA H200"},
+        "resource.kubernetes.io/pciBusID": {"string": "0000:00:06.0"},
+    }
+    if numa is not None:
+        attrs["resource.kubernetes.io/numaNode"] = {"int": numa}
+    doc = {
+        "apiVersion": "metadata.resource.k8s.io/v1alpha1",
+        "kind": "DeviceMetadata",
+        "requests": [
+            {
+                "name": "gpu",
+                "devices": [
+                    {"driver": DRIVER_NAME, "pool": "n", "name": "gpu-0", "attributes": attrs}
+                ],
+            }
+        ],
+    }
+    path = "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/gpu"
+    body = json.dumps(doc, indent=2)
+    return f"{ONE}metadata-file: {path}/{DRIVER_NAME}-metadata.json\n{body}\nmetadata-end\n"
+
+
+def _claim(uuid: str) -> dict[str, object]:
+    entry = {
+        "driver": DRIVER_NAME,
+        "pool": "n",
+        "device": "gpu-0",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "data": {"uuid": uuid, "productName": "NVIDIA H200", "pciBusID": "0000:00:06.0"},
+    }
+    return {"status": {"devices": [entry]}}
+
+
+def test_the_gpus_status_metadata_and_numa_node_match_nvml() -> None:
+    found = claim_facts.check(
+        claim=_claim(UUID), device="gpu-0", published={}, log=_metadata_log(UUID), nvml=FACTS
+    )
+    assert [f.ok for f in found] == [True, True, True], found
+
+
+def test_a_wrong_uuid_or_a_numa_node_nvml_does_not_know_fails() -> None:
+    other = "GPU-00000000-0000-0000-0000-000000000000"
+    found = claim_facts.check(
+        claim=_claim(other),
+        device="gpu-0",
+        published={"resource.kubernetes.io/numaNode": 0},
+        log=_metadata_log(other, numa=0),
+        nvml=FACTS,
+    )
+    assert [f.ok for f in found] == [False, False, False], found
+
+
+def test_a_pod_without_a_metadata_file_fails_the_metadata_check() -> None:
+    found = claim_facts.check(claim=_claim(UUID), device="gpu-0", published={}, log=ONE, nvml=FACTS)
+    assert [f.ok for f in found] == [True, False, True]
+
+
+def test_pod_series_are_read_by_pod_from_the_plugins_metrics() -> None:
+    text = (
+        "# TYPE dra_gpu_pod_memory_used_bytes gauge\n"
+        'dra_gpu_pod_memory_used_bytes{pod_namespace="gpu-demo",pod_name="shared-a"} 1.3e+09\n'
+        'dra_gpu_pod_memory_used_bytes{pod_namespace="other",pod_name="x"} 5\n'
+        "# TYPE dra_gpu_pod_utilization_ratio gauge\n"
+        'dra_gpu_pod_utilization_ratio{pod_namespace="gpu-demo",pod_name="shared-a"} 0.97\n'
+    )
+    usage = telemetry_pods.pods_usage(text, "gpu-demo")
+    assert usage == {"shared-a": telemetry_pods.PodUsage(1.3e9, 0.97, None)}
+
+
+def test_share_pods_ask_for_their_memory_and_the_greedy_container_for_the_whole_gpu() -> None:
+    claim = share_pods.share_claim("share-big", 40)
+    request = claim["spec"]["devices"]["requests"][0]["exactly"]
+    assert request["capacity"] == {"requests": {"memory": "40Gi"}}
+    pod = share_pods.share_pod("share-small", greedy=True)
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["alloc", "greedy"]
+    assert pod["spec"]["containers"][1]["env"] == [share_pods.GREEDY_ENV]
