@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dra_gpu.plugin import settings as plugin_settings
 from dra_gpu.plugin import telemetry
@@ -20,6 +20,21 @@ if TYPE_CHECKING:
     from dra_gpu.prepare.checkpoint import CheckpointStore, ClaimRecord
 
 log = logging.getLogger(__name__)
+
+
+def idle_event(involved: Mapping[str, str], message: str, *, node: str) -> dict[str, Any]:
+    """The ``GpuIdle`` Warning about ``involved`` (a pod or the claim), in its namespace and
+    reported by ``node``: what the chart's policy ``idle-events`` admits (source.host must be
+    the node the plugin's token is bound to)."""
+    from dra_gpu.prepare import events
+
+    return events.warning_event(
+        involved,
+        namespace=involved.get("namespace") or "default",
+        reason=telemetry.REASON_IDLE,
+        message=message,
+        host=node,
+    )
 
 
 def start(
@@ -46,14 +61,7 @@ def start(
     node = settings.node_name
 
     def post(involved: Mapping[str, str], message: str) -> None:
-        event = events.warning_event(
-            involved,
-            namespace=involved.get("namespace") or "default",
-            reason=telemetry.REASON_IDLE,
-            message=message,
-            host=node,
-        )
-        events.post(client, event)
+        events.post(client, idle_event(involved, message, node=node))
 
     def prepared() -> Mapping[str, ClaimRecord]:
         return store.load().claims

@@ -13,6 +13,12 @@ Cases:
   (create, update, delete, and moving a slice from A to B) and another driver's slice on node A
   (create, update, delete); a token bound to no node writes nothing; it may post Events about
   Node A only (not node B, not a pod, not with node B as source host);
+- idle-claim Events: RBAC for Events in every namespace and the policy ``idle-events`` are
+  rendered exactly when the plugin posts GpuIdle (as it reads the values it is given). With them
+  on (a second release), the plugin's own GpuIdle Warning about a pod or a claim of a user's
+  namespace is admitted (and stored when posted the way the loop posts it), and refused with
+  another reason or type, another or no node as reporter, a related object, a Secret as
+  subject, or from a token bound to no node; without them, none is admitted anywhere;
 - the plugin's RBAC: it may get a claim by name, not list or watch claims (in a namespace or
   cluster-wide); it may write its own driver's ``status.devices`` entries of a claim allocated
   on its node, not another driver's (from 1.36 the API server checks ``resourceclaims/driver``,
@@ -35,6 +41,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -305,7 +312,13 @@ class SliceClient:
         return info
 
 
-def _token(cluster: Cluster, *, node: dict[str, Any] | None, account: str = PLUGIN_SA) -> str:
+def _token(
+    cluster: Cluster,
+    *,
+    node: dict[str, Any] | None,
+    account: str = PLUGIN_SA,
+    namespace: str = POLICY_NS,
+) -> str:
     from kubernetes import client
 
     spec: dict[str, Any] = {"expirationSeconds": 3600}
@@ -319,7 +332,7 @@ def _token(cluster: Cluster, *, node: dict[str, Any] | None, account: str = PLUG
     with contextlib.closing(cluster.api_client()) as api:
         answer = client.CoreV1Api(api).create_namespaced_service_account_token(
             account,
-            POLICY_NS,
+            namespace,
             as_body(
                 {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
             ),
@@ -328,11 +341,8 @@ def _token(cluster: Cluster, *, node: dict[str, Any] | None, account: str = PLUG
     return answer.status.token
 
 
-@pytest.fixture(scope="module")
-def plugin_identity(cluster: Cluster) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    """The chart's ServiceAccount, RBAC and policy applied for real; two registered nodes."""
-    cluster.create_namespace(POLICY_NS)
-    rendered = helm.render(namespace=POLICY_NS, set_values={"simulate.enabled": True})
+def _identity_manifest(rendered: str) -> str:
+    """The ServiceAccounts, RBAC and admission policies of a rendered chart, as one List."""
     wanted = {
         "ServiceAccount",
         "ClusterRole",
@@ -343,7 +353,16 @@ def plugin_identity(cluster: Cluster) -> Iterator[tuple[dict[str, Any], dict[str
         "ValidatingAdmissionPolicyBinding",
     }
     objects = [doc for doc in _docs(rendered) if doc["kind"] in wanted]
-    manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+
+
+@pytest.fixture(scope="module")
+def plugin_identity(cluster: Cluster) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """The chart's ServiceAccount, RBAC and policy applied for real; two registered nodes."""
+    cluster.create_namespace(POLICY_NS)
+    manifest = _identity_manifest(
+        helm.render(namespace=POLICY_NS, set_values={"simulate.enabled": True})
+    )
     cluster.kubectl("apply", "-f", "-", input=manifest)
     node_a = cluster.register_node("policy-node-a")
     node_b = cluster.register_node("policy-node-b")
@@ -468,9 +487,13 @@ def _node_event(node: str, *, kind: str = "Node", name: str | None = None) -> di
 
 
 def _as_account(
-    cluster: Cluster, tmp_path: Path, node: dict[str, Any] | None, account: str = PLUGIN_SA
+    cluster: Cluster,
+    tmp_path: Path,
+    node: dict[str, Any] | None,
+    account: str = PLUGIN_SA,
+    namespace: str = POLICY_NS,
 ) -> KubeClient:
-    token = _token(cluster, node=node, account=account)
+    token = _token(cluster, node=node, account=account, namespace=namespace)
     return connect(_kubeconfig(cluster, tmp_path / f"{account}.kubeconfig", token))
 
 
@@ -517,6 +540,216 @@ def test_plugin_posts_events_only_about_its_own_node(plugin_of_node_a: KubeClien
     spoofed = _node_event("policy-node-a")
     spoofed["source"]["host"] = "policy-node-b"
     assert post(spoofed)[0] == 403
+
+
+# ----- idle-claim Events (metrics.enabled: GpuIdle on pods and claims in any namespace) -----
+
+IDLE_RELEASE = "dra-gpu-idle"  # a second release, next to the first: its own account and policies
+IDLE_NS = "dra-gpu-idle-policy"
+IDLE_SA = "dra-gpu-idle-kubelet-plugin"
+TEAM_NS = "idle-events-team"  # where a user's pods and claims are: neither default nor the driver's
+IDLE_ON: dict[str, str | bool | int] = {"simulate.enabled": True, "metrics.enabled": True}
+
+
+def _rendered_names(values: dict[str, str | bool | int]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in _docs(helm.render(set_values=values))}
+
+
+@pytest.mark.parametrize(
+    ("values", "idle"),
+    [
+        ({}, False),
+        ({"metrics.enabled": True}, True),
+        ({"metrics.enabled": True, "metrics.telemetry.idleAfter": "90s"}, True),
+        ({"metrics.enabled": True, "metrics.telemetry.idleAfter": 0}, False),
+        ({"metrics.enabled": True, "metrics.telemetry.idleAfter": "0s"}, False),
+        ({"metrics.enabled": True, "metrics.telemetry.interval": 0}, False),
+        ({"metrics.telemetry.idleAfter": "90s"}, False),
+    ],
+    ids=["defaults", "metrics", "idle-90s", "idle-0", "idle-0s", "no-telemetry", "no-metrics"],
+)
+def test_events_in_every_namespace_are_granted_only_while_the_plugin_posts_gpuidle(
+    values: dict[str, str | bool | int], idle: bool
+) -> None:
+    objects = _rendered_names(values)
+    # The chart's condition and the plugin's own reading of the values it is given agree.
+    settings = plugin_settings.build_settings(
+        {}, {**_plugin_env(values), "NODE_NAME": "n", "POD_UID": "u1"}
+    )
+    posts = None not in (
+        settings.metrics_address,
+        settings.telemetry_interval_s,
+        settings.idle_after_s,
+    )
+    assert posts == idle
+    name = f"{PLUGIN_SA}-idle-events"
+    role = objects.get(("ClusterRole", name))
+    binding = objects.get(("ClusterRoleBinding", name))
+    policy = objects.get(("ValidatingAdmissionPolicy", name))
+    assert (role is not None, binding is not None, policy is not None) == (idle, idle, idle)
+    if role is not None and binding is not None:
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": PLUGIN_SA, "namespace": "dra-gpu"}
+        ]
+    # Together the two events policies judge every Event of the plugin: with idle Events off,
+    # the node policy judges all of them; with them on, it judges those about Nodes and the
+    # idle policy every other one.
+    node_policy = objects[("ValidatingAdmissionPolicy", f"{PLUGIN_SA}-own-node-events")]
+    about = {c["name"]: c["expression"] for c in node_policy["spec"]["matchConditions"]}
+    if policy is None:
+        assert "about" not in about
+    else:
+        idle_about = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+        assert about["about"].replace("==", "!=") == idle_about["about"]
+
+
+@pytest.fixture(scope="module")
+def idle_plugin_identity(
+    cluster: Cluster, plugin_identity: tuple[dict[str, Any], dict[str, Any]]
+) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """The chart with idle-claim Events on, released as ``IDLE_RELEASE``: its ServiceAccount,
+    RBAC and policies applied for real; the nodes are those of ``plugin_identity``."""
+    cluster.create_namespace(IDLE_NS)
+    cluster.create_namespace(TEAM_NS)
+    rendered = helm.render(release=IDLE_RELEASE, namespace=IDLE_NS, set_values=IDLE_ON)
+    manifest = _identity_manifest(rendered)
+    assert f'"{IDLE_SA}-idle-events"' in manifest
+    cluster.kubectl("apply", "-f", "-", input=manifest)
+    yield plugin_identity
+    cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest)
+
+
+def _involved(kind: str, name: str, namespace: str = TEAM_NS) -> dict[str, str]:
+    api_version = "resource.k8s.io/v1" if kind == "ResourceClaim" else "v1"
+    uid = str(uuid.uuid5(uuid.NAMESPACE_OID, f"{kind}/{name}"))
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "namespace": namespace,
+        "name": name,
+        "uid": uid,
+    }
+
+
+IDLE_TEXT = (
+    "GPU gpu-3 idle for 30m, 0 processes (claim idle-events-team/notebook, node policy-node-a)"
+)
+
+
+def _dry_run_post(client: KubeClient, event: dict[str, Any]) -> tuple[int, str]:
+    namespace = event["metadata"]["namespace"]
+    path = f"/api/v1/namespaces/{namespace}/events"
+    return _status_of(lambda: client.request("POST", path, query={"dryRun": "All"}, body=event))
+
+
+def test_plugin_posts_its_gpuidle_warnings_about_pods_and_claims_in_any_namespace(
+    cluster: Cluster,
+    idle_plugin_identity: tuple[dict[str, Any], dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    from dra_gpu.plugin import telemetry_wiring
+    from dra_gpu.prepare import events
+
+    node_a, _node_b = idle_plugin_identity
+    client = _as_account(cluster, tmp_path, node_a, account=IDLE_SA, namespace=IDLE_NS)
+    pod = _involved("Pod", "notebook-0")
+    # What the plugin's telemetry loop sends (telemetry_wiring.start posts the same).
+    mine = telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-a")
+    try:
+        wait_for(
+            "RBAC and the idle-events policy to be in force",
+            lambda: (
+                _dry_run_post(client, mine)[0] == 200
+                and _dry_run_post(client, {**mine, "reason": "Evicted"})[0] == 403
+            ),
+        )
+        # Posted for real, the way the loop posts it, and stored.
+        events.post(client, mine)
+        stored = json.loads(
+            cluster.kubectl("get", "events", "-n", TEAM_NS, mine["metadata"]["name"], "-o", "json")
+        )
+        assert (stored["reason"], stored["involvedObject"]["name"]) == ("GpuIdle", "notebook-0")
+        claim = _involved("ResourceClaim", "notebook")
+        assert _dry_run_post(
+            client, telemetry_wiring.idle_event(claim, IDLE_TEXT, node="policy-node-a")
+        ) == (200, "")
+        # Its Node events are still judged by the node policy.
+        assert _dry_run_post(client, _node_event("policy-node-a")) == (200, "")
+        assert _dry_run_post(client, _node_event("policy-node-a", name="policy-node-b"))[0] == 403
+    finally:
+        client.close()
+
+
+def test_plugin_may_post_no_other_event_about_pods_and_claims(
+    cluster: Cluster,
+    idle_plugin_identity: tuple[dict[str, Any], dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    from dra_gpu.plugin import telemetry_wiring
+
+    node_a, _node_b = idle_plugin_identity
+    client = _as_account(cluster, tmp_path, node_a, account=IDLE_SA, namespace=IDLE_NS)
+    pod = _involved("Pod", "notebook-0")
+    mine = telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-a")
+    secret = _involved("Secret", "db-password")
+    refused: dict[str, tuple[dict[str, Any], str]] = {
+        "another reason": (
+            {**mine, "reason": "Evicted"},
+            "may only post GpuIdle Warnings about pods and claims, not Warning Evicted",
+        ),
+        "a Normal event": ({**mine, "type": "Normal"}, "not Normal GpuIdle"),
+        "another node as source": (
+            telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-b"),
+            "must name its own node as the Event's source.host",
+        ),
+        "no source": ({**mine, "source": {"component": "x"}}, "source.host"),
+        "another node as reporting instance": (
+            {**mine, "reportingComponent": "x", "reportingInstance": "policy-node-b"},
+            "reportingInstance",
+        ),
+        "a related object": ({**mine, "related": _involved("Pod", "other")}, "no related object"),
+        "a Secret": (
+            telemetry_wiring.idle_event(secret, IDLE_TEXT, node="policy-node-a"),
+            f"not about Secret {TEAM_NS}/db-password",
+        ),
+    }
+    try:
+        wait_for(
+            "RBAC and the idle-events policy to be in force",
+            lambda: (
+                _dry_run_post(client, mine)[0] == 200
+                and _dry_run_post(client, {**mine, "reason": "Evicted"})[0] == 403
+            ),
+        )
+        for what, (event, says) in refused.items():
+            status, message = _dry_run_post(client, event)
+            assert status == 403, (what, status, message)
+            assert says in message, (what, message)
+    finally:
+        client.close()
+    # A token of the same account bound to no node posts nothing.
+    unbound = _as_account(cluster, tmp_path, None, account=IDLE_SA, namespace=IDLE_NS)
+    try:
+        status, message = _dry_run_post(unbound, mine)
+    finally:
+        unbound.close()
+    assert status == 403 and "carries no node name" in message, message
+
+
+def test_without_idle_events_the_plugin_may_not_post_them(
+    idle_plugin_identity: object, plugin_of_node_a: KubeClient
+) -> None:
+    # The first release runs without metrics: no GpuIdle anywhere, not even in `default`.
+    from dra_gpu.plugin import telemetry_wiring
+
+    in_team = telemetry_wiring.idle_event(_involved("Pod", "p"), IDLE_TEXT, node="policy-node-a")
+    in_default = telemetry_wiring.idle_event(
+        _involved("Pod", "p", namespace="default"), IDLE_TEXT, node="policy-node-a"
+    )
+    assert _dry_run_post(plugin_of_node_a, in_team)[0] == 403  # RBAC: default only
+    status, message = _dry_run_post(plugin_of_node_a, in_default)
+    assert status == 403 and "may only post Events about its own Node, not about Pod" in message
 
 
 def test_plugin_reads_claims_only_by_name(plugin_of_node_a: KubeClient) -> None:

@@ -17,7 +17,7 @@ from dra_gpu.devices import cgroups, naming, simulated, simulated_usage
 from dra_gpu.devices.model import Device
 from dra_gpu.devices.usage import DeviceUsage, ProcessUsage
 from dra_gpu.kube import errors
-from dra_gpu.plugin import idle_claims, telemetry, usage_series
+from dra_gpu.plugin import idle_claims, telemetry, telemetry_wiring, usage_series
 from dra_gpu.plugin.claim_pods import ClaimPods
 from dra_gpu.plugin.telemetry_metrics import TelemetryCollector
 from dra_gpu.prepare.checkpoint import (
@@ -418,6 +418,29 @@ def test_an_idle_claim_gets_one_event_on_it_and_its_pods_and_a_busy_one_none() -
     t.run_once()
     idle = {i.activity.claim.name: i.seconds for i in t.snapshot.idle if not i.subject.pod_uid}
     assert idle == {"idle": 0, "busy": 0}
+
+
+def test_idle_events_carry_what_the_charts_policy_requires() -> None:
+    # The chart's policy `idle-events` admits a GpuIdle Warning about a Pod or ResourceClaim of
+    # the Event's own namespace, with source.host the plugin's node and nothing related: an
+    # Event without them is refused in a deployed cluster (tests/cluster/test_manifests.py).
+    api, sampler, clock = Api(), FakeSampler(), Clock()
+    api.claims["idle"] = claim_json("u1", "idle", (POD_A, "sleeper"))
+    t = loop(api, sampler, {"u1": record("idle", "gpu-3")}, clock, idle_after_s=10)
+    t.run_once()
+    clock.t += 10
+    t.run_once()
+    posted = [telemetry_wiring.idle_event(o, m, node=NODE) for o, m in api.events]
+    assert [(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in posted] == [
+        ("ResourceClaim", "idle"),
+        ("Pod", "sleeper"),
+    ]
+    for event in posted:
+        assert event["metadata"]["namespace"] == event["involvedObject"]["namespace"] == "team"
+        assert (event["reason"], event["type"]) == ("GpuIdle", "Warning")
+        assert event["source"]["host"] == NODE
+        assert "related" not in event
+        assert event.get("reportingInstance", NODE) == NODE
 
 
 def test_the_idle_pod_of_a_shared_claim_gets_the_event_alone() -> None:
