@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,6 +74,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     with terminal_log(session) as log:
         log(f"building Kubernetes binaries (first run only): {', '.join(wanted)}")
         binaries.ensure(wanted, log=log)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A fresh directory with a short path: an MPS daemon's sockets below a state dir in it fit
+    a socket path's 107 bytes, as on a node (pytest's ``tmp_path`` is too long for that)."""
+    path = Path(tempfile.mkdtemp(prefix="dg-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ mounts them at ``/lib64`` and ``/bin``. ``LD_LIBRARY_PATH`` covers both, without
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import tempfile
@@ -22,7 +23,6 @@ from pathlib import Path
 
 from e2e.images import node_images as images
 
-# The tag and archive name change with gpucheck.c: an archive is reused while present.
 CHECK_IMAGE = "localhost/dra-gpu/cuda-check:2"
 SOURCE = Path(__file__).with_name("gpucheck.c")
 # The C library the check binary links and what libcuda and nvidia-smi load from the image.
@@ -84,7 +84,10 @@ def check_spec(
 
 def ensure_check_image(out_dir: Path) -> Path:
     """Write (when missing) the check image's archive into ``out_dir``; returns its path."""
-    path = out_dir / "cuda-check-2.tar"
+    # Named by gpucheck.c's digest: an archive is reused while present, so a changed program
+    # must get a new name.
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    path = out_dir / f"cuda-check-{digest}.tar"
     if not path.is_file():
         with tempfile.TemporaryDirectory() as tmp:
             spec = check_spec(build_gpucheck(Path(tmp) / "gpucheck"))

@@ -236,6 +236,12 @@ class Node:
     def records(self) -> dict[str, Any]:
         return dict(CheckpointStore(self.state_dir).load().claims)
 
+    @staticmethod
+    def claim_of(pipe: str) -> str:
+        """The test claim (UID "a", "b", ...) whose daemon directory holds ``pipe``."""
+        key = Path(pipe).parent.name
+        return next((u for u in "abcdefgh" if mps.claim_key(u) == key), key)
+
     def limits(self) -> dict[str, list[str]]:
         """Claim UID -> the limits its daemon was given (in order)."""
         out: dict[str, list[str]] = {}
@@ -243,12 +249,12 @@ class Node:
             pipe = command.env.get("CUDA_MPS_PIPE_DIRECTORY", "")
             lines = [x for x in command.stdin.splitlines() if x.startswith("set_default")]
             if pipe and lines:
-                out.setdefault(Path(pipe).parent.name, []).extend(lines)
+                out.setdefault(self.claim_of(pipe), []).extend(lines)
         return out
 
     def quits(self) -> list[str]:
         return [
-            Path(c.env["CUDA_MPS_PIPE_DIRECTORY"]).parent.name
+            self.claim_of(c.env["CUDA_MPS_PIPE_DIRECTORY"])
             for c in recorded(self.commands_file)
             if c.stdin.strip() == "quit"
         ]
@@ -258,8 +264,8 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Node:
-    return Node(tmp_path)
+def node(short_tmp: Path) -> Node:
+    return Node(short_tmp)
 
 
 def prepare(state: DeviceState, uid: str) -> str:
@@ -394,12 +400,12 @@ def _snapshot_at(target: str, src: Path, dst: Path) -> Callable[[str], None]:
 
 
 @pytest.mark.parametrize("step", [*SIDE_EFFECT_FAULT_STEPS, *FAULT_STEPS])
-def test_crash_at_each_step_of_a_share_then_restart(tmp_path: Path, step: str) -> None:
+def test_crash_at_each_step_of_a_share_then_restart(short_tmp: Path, step: str) -> None:
     fetcher = FakeFetcher(
         claim("a", [shared_result("gpu-0", "s-a", memory="16Gi")]),
         claim("b", [shared_result("gpu-0", "s-b", memory="20Gi")]),
     )
-    live, frozen = Node(tmp_path / "live", fetcher), Node(tmp_path / "frozen", fetcher)
+    live, frozen = Node(short_tmp / "live", fetcher), Node(short_tmp / "frozen", fetcher)
     live.root.mkdir()
     assert prepare(live.state(), "a") == ""
     unprepare = step.startswith("unprepare")

@@ -48,7 +48,7 @@ from dra_gpu.prepare.cdi_validate import validate_spec
 from dra_gpu.prepare.checkpoint import CheckpointStore
 from dra_gpu.prepare.sharing import mps
 from dra_gpu.prepare.sharing.applied import Sharing, Switches
-from dra_gpu.prepare.sharing.runner import Command, CommandFailed
+from dra_gpu.prepare.sharing.runner import Command, CommandFailed, RecordingRunner
 from dra_gpu.prepare.state import DeviceState
 from e2e import waiting
 
@@ -144,8 +144,8 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    yield Node(tmp_path)
+def node(short_tmp: Path) -> Iterator[Node]:
+    yield Node(short_tmp)
 
 
 def set_timeslice(code: int) -> str:
@@ -448,3 +448,38 @@ def test_a_claim_prepared_while_another_on_its_gpu_is_unprepared_keeps_its_inter
     assert state.unprepare([ref("a")]) == {"a": ""}
     b_prepare[0].join(timeout=10)
     assert done == ["0", "3"], "the GPU ends with B's interval"
+
+
+UID = "ed47798a-2e9e-4ef2-829e-68050e46776e"
+
+
+def test_daemon_sockets_fit_a_socket_path_under_the_kubelets_plugin_dir() -> None:
+    # A state dir 49 characters long with the full UID as directory name gave a 109-byte
+    # control_privileged socket: the daemon exited 1 on the H200 under the kubelet.
+    for state in (
+        "/var/lib/kubelet/plugins/gpu.nvidia.com",
+        "/tmp/dra-gpu-gpu-node-twi3kaoo/plugin-state",
+    ):
+        assert mps.socket_problem(mps.claim_dirs(Path(state), UID)) is None
+    too_long = mps.claim_dirs(Path("/var/lib/" + "x" * 80), UID)
+    problem = mps.socket_problem(too_long)
+    assert problem is not None and "use a shorter --state-dir" in problem
+
+
+def test_a_state_dir_too_long_for_the_sockets_fails_the_start_saying_so(tmp_path: Path) -> None:
+    control = mps.MpsControl(RecordingRunner(tmp_path / "commands"), tmp_path / ("x" * 80))
+    with pytest.raises(mps.MpsError, match="more than a socket path's 107"):
+        control.start(UID, [])
+    assert not (tmp_path / "commands").exists()  # nothing was run
+
+
+def test_daemon_directories_are_found_by_claim_uid_in_both_layouts(short_tmp: Path) -> None:
+    control = mps.MpsControl(RecordingRunner(short_tmp / "commands"), short_tmp)
+    new = mps.claim_dirs(short_tmp, UID)
+    assert new.root.name == mps.claim_key(UID) and len(new.root.name) == 16
+    new.pipe.mkdir(parents=True)
+    (new.root / "claim-uid").write_text(UID)
+    previous = mps.mps_root(short_tmp) / "3f38be09-ac8f-497b-8a10-600af374163c"
+    (previous / "pipe").mkdir(parents=True)  # a daemon the previous release started
+    assert control.claims() == {UID, previous.name}
+    assert mps.claim_dirs(short_tmp, previous.name).root == previous

@@ -2,7 +2,10 @@
 
 The daemon is a host process the plugin starts (``nvidia-cuda-mps-control -d`` forks off and is
 re-parented, so it outlives the plugin process) in the claim's own directories under the
-plugin's state dir: ``mps/<claimUID>/{pipe,log,shm}``. It runs in a mount namespace of its own
+plugin's state dir: ``mps/<key>/{pipe,log,shm}``, where ``key`` is a digest of the claim's UID
+(short, because the daemon's sockets in ``pipe`` must fit a socket path's 107 bytes; the full UID
+is kept in ``mps/<key>/claim-uid``; a directory named by the full UID, as the previous release
+made them, is still found). It runs in a mount namespace of its own
 where the claim's ``shm`` directory is ``/dev/shm``; the CDI spec binds the same ``shm`` at the
 container's ``/dev/shm`` and ``pipe`` at :data:`CONTAINER_PIPE_DIR`, so clients of one claim (all
 its containers, in any pod) meet their daemon and nobody else's. Everything about a claim's
@@ -18,6 +21,7 @@ that index or UUID, in whole MiB.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import time
@@ -39,6 +43,12 @@ START_TIMEOUT_S: Final = 30.0
 CONTROL_TIMEOUT_S: Final = 10.0
 READY_WAIT_S: Final = 10.0  # the forked daemon creates its pipe shortly after ``-d`` returns
 LOG_TAIL_LINES: Final = 20
+# A unix socket's path: sun_path's 108 bytes less the terminating NUL; the daemon's longest
+# socket in its pipe directory is control_privileged.
+SOCKET_PATH_MAX: Final = 107
+LONGEST_SOCKET: Final = "control_privileged"
+UID_FILE: Final = "claim-uid"
+KEY_CHARS: Final = 16
 # Binds the claim's shm directory at /dev/shm in a mount namespace of the daemon's own.
 _IN_OWN_SHM: Final = 'mount --bind "$0" /dev/shm && exec "$1" -d'
 
@@ -68,8 +78,25 @@ def mps_root(state_dir: Path) -> Path:
     return state_dir / "mps"
 
 
+def claim_key(claim_uid: str) -> str:
+    return hashlib.sha256(claim_uid.encode()).hexdigest()[:KEY_CHARS]
+
+
 def claim_dirs(state_dir: Path, claim_uid: str) -> Dirs:
-    return Dirs(mps_root(state_dir) / claim_uid)
+    root = mps_root(state_dir)
+    previous = root / claim_uid  # the previous release's name, for a daemon it started
+    return Dirs(previous if previous.is_dir() else root / claim_key(claim_uid))
+
+
+def socket_problem(dirs: Dirs) -> str | None:
+    """Why the daemon could not create its sockets in ``dirs.pipe``; None if it can."""
+    longest = str(dirs.pipe / LONGEST_SOCKET)
+    if len(longest.encode()) <= SOCKET_PATH_MAX:
+        return None
+    return (
+        f"the MPS daemon's socket {longest} would be {len(longest.encode())} bytes, more than a "
+        f"socket path's {SOCKET_PATH_MAX}: use a shorter --state-dir"
+    )
 
 
 def mps_devices(devices: Iterable[ClaimDevice]) -> list[ClaimDevice]:
@@ -194,9 +221,13 @@ class MpsControl:
         """Start the claim's daemon and apply its limits; raises MpsError with the log tail."""
         lines = control_lines(devices)  # a bad config fails before anything runs
         dirs = claim_dirs(self.state_dir, claim_uid)
+        problem = socket_problem(dirs)
+        if problem is not None:
+            raise MpsError(problem)
         reap_exited_daemons()  # those that quit since the last start or stop
         for path in (dirs.pipe, dirs.log, dirs.shm):
             path.mkdir(parents=True, exist_ok=True)
+        (dirs.root / UID_FILE).write_text(claim_uid)
         try:
             self.runner.run(start_command(dirs, devices))
             self._until_ready(dirs, [*lines, "get_default_active_thread_percentage"])
@@ -243,7 +274,19 @@ class MpsControl:
     def claims(self) -> set[str]:
         """UIDs of the claims with daemon directories."""
         root = mps_root(self.state_dir)
-        return {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+        if not root.is_dir():
+            return set()
+        return {_uid_of(p) for p in root.iterdir() if p.is_dir()}
+
+
+def _uid_of(directory: Path) -> str:
+    """The claim UID a daemon directory belongs to: its ``claim-uid`` file, else its name (the
+    previous release's directories, and one whose file a crash kept from being written: its
+    name then finds it again in :func:`claim_dirs`, so it is stopped and removed)."""
+    try:
+        return (directory / UID_FILE).read_text().strip() or directory.name
+    except OSError:
+        return directory.name
 
 
 def mounts(dirs: Dirs) -> list[Mapping[str, object]]:
