@@ -39,7 +39,9 @@ from e2e import supervisor
 from e2e.cluster import SIMULATED_TOLERATION
 from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
+from e2e.demo import shares as demo_shares
 from e2e.demo import sharing as demo_sharing
+from e2e.demo import telemetry as demo_telemetry
 from e2e.demo import view as demo_view
 from e2e.demo.env import DemoState, NodeInfo
 from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
@@ -61,6 +63,26 @@ DEMO_SCENARIOS = (
     "invalid-config",
 )
 NAMESPACE_PREFIX = "demo-"
+# The scenarios stay off the shares node: its GPUs are the shares and telemetry examples'.
+OFF_THE_SHARES_NODE = {
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "kubernetes.io/hostname",
+                                "operator": "NotIn",
+                                "values": [demo_env.SHARES_NODE],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+}
 WAIT_S = 120.0
 
 
@@ -116,7 +138,7 @@ def apply_scenarios(kube: Kube, state: DemoState) -> list[tuple[str, str] | demo
                     {"nodeSelector": dict([demo_env.REAL_NODE_LABEL])}
                     if real
                     else {"tolerations": [dict(SIMULATED_TOLERATION)]}
-                )
+                ) | OFF_THE_SHARES_NODE
                 doc = {**doc, "spec": {**doc["spec"], **placement}}
             try:
                 kube.create(namespace, doc)
@@ -154,7 +176,7 @@ def _claim_cell(kube: Kube, namespace: str, claims: list[str]) -> tuple[str, str
     for name in claims:
         claim = kube.claim(namespace, name) or {}
         results = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-        devices += [r["device"] for r in results.get("results") or []]
+        devices += demo_view.device_lines(results.get("results") or [])
     return "\n".join(claims) or "-", "\n".join(devices) or "-"
 
 
@@ -256,6 +278,9 @@ def explore_text(state: DemoState) -> str:
         "IDs resolved in the plugin's CDI directory, as the container runtime does.",
         "(admission) = the admission webhook refused the example's claim: nothing was created",
         f"from it on. The webhook: {state.webhook} (controller log {state.controller_log}).",
+        "<device> share <id> = the claim's share of a GPU that several claims use (consumable",
+        f"shares on {demo_env.SHARES_NODE}, docs/sharing.md): its shareID's first characters",
+        "and what it consumed, from the claim's allocation.",
         "",
         "Explore:",
         f"  export KUBECONFIG={state.kubeconfig}",
@@ -265,6 +290,8 @@ def explore_text(state: DemoState) -> str:
         "  kubectl get resourceclaims -A",
         "  kubectl get pods -A -o wide",
         f"  ls {' '.join(sorted({n.cdi_root for n in state.nodes}))}",
+        "  .venv/bin/python -m dra_gpu top -A "
+        + " ".join(f"--metrics-url {n.metrics_url}" for n in state.nodes if n.metrics_url),
         f"  (or, without the alias: {kubectl} get resourceslices)",
         "",
         *_health_text(state),
@@ -274,11 +301,13 @@ def explore_text(state: DemoState) -> str:
     return "\n".join(lines)
 
 
-def result_text(state: DemoState, rows: Sequence[demo_view.Row]) -> str:
-    """What the demo ends with: the heading, the table, how to explore; when a real node did not
-    start, the heading starts with why, and the last lines say it again (the table and the build
-    output above may have scrolled the heading away). Nodes simulated on purpose are named in
-    one last line, with why, and no warning."""
+def result_text(
+    state: DemoState, rows: Sequence[demo_view.Row], sections: Sequence[str] = ()
+) -> str:
+    """What the demo ends with: the heading, the table, ``sections`` (each after a blank line),
+    how to explore; when a real node did not start, the heading starts with why, and the last
+    lines say it again (the table and the build output above may have scrolled the heading
+    away). Nodes simulated on purpose are named in one last line, with why, and no warning."""
     simulated = [
         demo_view.Simulated(n.name, n.note, n.note_log, on_purpose=n.on_purpose)
         for n in state.nodes
@@ -290,7 +319,7 @@ def result_text(state: DemoState, rows: Sequence[demo_view.Row]) -> str:
         *demo_view.on_purpose_line(simulated),
         *demo_view.fallback_notice(simulated, some_real=some_real),
     ]
-    parts = [head, demo_view.render_table(rows), explore_text(state)]
+    parts = [head, demo_view.render_table(rows), *(f"\n{s}" for s in sections), explore_text(state)]
     return "\n".join(parts + (["", *last] if last else []))
 
 
@@ -314,6 +343,10 @@ def cmd_run(_: argparse.Namespace) -> int:
         _err("[demo] stopped the previous demo")
     state = start_environment()
     kube = Kube.from_kubeconfig(state.kubeconfig)
+    # First, so that the idle claim's idle period passes while the other examples are applied.
+    _err("[demo] applying the telemetry example (a busy and an idle GPU)")
+    watched = [r for entry in demo_telemetry.apply(kube) for r in observe(kube, state, *entry)]
+    demo_telemetry.make_busy(kube, state)
     _err("[demo] applying example claims and pods from e2e/scenarios/")
     rows: list[demo_view.Row] = []
     for entry in apply_scenarios(kube, state):
@@ -325,8 +358,14 @@ def cmd_run(_: argparse.Namespace) -> int:
     example = demo_sharing.apply(kube, state)
     shared = observe(kube, state, example.namespace, example.pod)
     rows += demo_sharing.applied_and_reset(shared, kube, state, example)
+    _err("[demo] applying the shares example (two claims of 40Gi and 20Gi on one GPU)")
+    for entry in demo_shares.apply(kube):
+        rows += observe(kube, state, *entry)
+    rows += watched
+    _err("[demo] reading GPU telemetry: dra-gpu top and the GpuIdle Events")
+    telemetry = demo_telemetry.section(demo_telemetry.observe(kube, state))
     print()
-    print(result_text(state, rows))
+    print(result_text(state, rows, [telemetry]))
     return 0
 
 
