@@ -3,22 +3,25 @@
 ``python -m e2e.demo`` (what ``make demo`` runs):
 
 1. stops a demo left running, then starts the environment in the background (``e2e.demo.env``:
-   control plane, three GPU nodes, a kubelet plugin per node, the controller with its admission
-   webhook), showing its progress; the first run builds the Kubernetes binaries (and, with real
-   nodes, containerd and runc);
-2. applies example claims and pods from ``e2e/scenarios/`` (one namespace each); an example the
-   admission webhook refuses gets a row saying why, as ``kubectl apply`` would;
+   control plane, four GPU nodes, a kubelet plugin per node with GPU telemetry, the controller
+   with its admission webhook), showing its progress; the first run builds the Kubernetes
+   binaries (and, with real nodes, containerd and runc);
+2. applies the telemetry example first (``e2e.demo.telemetry``: a busy and an idle GPU, so that
+   the idle one's idle period passes meanwhile), then example claims and pods from
+   ``e2e/scenarios/`` (one namespace each, kept off the shares node); an example the admission
+   webhook refuses gets a row saying why, as ``kubectl apply`` would;
 3. waits until each pod is scheduled and its claims allocated; then reads what each container
    saw: on a real node from the container's log, on a simulated node by calling
    NodePrepareResources as the kubelet would and resolving the returned CDI device IDs; then the
    dynamic-MIG example (``e2e.demo.dynamic_mig``) and the time-slicing example
    (``e2e.demo.sharing``: the ``nvidia-smi`` commands recorded at prepare, and after its pod is
-   deleted the reset);
-4. prints the table pod → claim → node → device → what the container saw, and how to explore
-   and tear down. When a real node did not start, the table's heading and the last lines say so,
-   why, and which log tells more; nodes simulated on purpose are named in one last line.
-   Everything stays up until
-   ``python -m e2e.demo down``.
+   deleted the reset), and the consumable-shares example (``e2e.demo.shares``: two claims by
+   memory on one GPU, each row with its shareID and consumed memory);
+4. prints the table pod → claim → node → device → what the container saw, the telemetry
+   section (``dra-gpu top`` and the ``GpuIdle`` Events), and how to explore and tear down.
+   When a real node did not start, the table's heading and the last lines say so, why, and
+   which log tells more; nodes simulated on purpose are named in one last line. Everything
+   stays up until ``python -m e2e.demo down``.
 
 ``python -m e2e.demo status`` prints the running demo's kubeconfig and nodes.
 """
