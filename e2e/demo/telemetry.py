@@ -106,7 +106,6 @@ class Observed:
     top_output: str
     events: tuple[Mapping[str, Any], ...]  # GpuIdle Events in the example's namespace
     busy_claim: str
-    others: int  # GpuIdle Events in the demo's other namespaces
 
 
 def section(seen: Observed) -> str:
@@ -115,10 +114,11 @@ def section(seen: Observed) -> str:
     on_busy = [e for e in seen.events if e["involvedObject"]["name"] in (BUSY, seen.busy_claim)]
     lines = [
         "GPU telemetry (docs/metrics.md): every plugin samples its GPUs every "
-        f"{TELEMETRY_INTERVAL} s (--telemetry-interval) and reports a claim idle for "
-        f"{IDLE_AFTER} (--idle-after).",
-        f"Pod {NAMESPACE}/{BUSY}'s process is written into {SHARES_NODE}'s simulated usage file "
-        f"(docs/simulated-profiles.md); nothing uses pod {NAMESPACE}/{IDLE}'s GPU.",
+        f"{TELEMETRY_INTERVAL} s (--telemetry-interval)",
+        f"and posts a GpuIdle Event for a claim idle for {IDLE_AFTER} (--idle-after). Pod "
+        f"{NAMESPACE}/{BUSY}'s process",
+        f"is written into {SHARES_NODE}'s simulated usage file (docs/simulated-profiles.md);",
+        f"nothing uses pod {NAMESPACE}/{IDLE}'s GPU.",
         "",
         f"$ {seen.top_command}",
         seen.top_output.rstrip() or "(no output)",
@@ -130,12 +130,10 @@ def section(seen: Observed) -> str:
             if not on_busy
             else f"UNEXPECTED: the busy pod {BUSY} or its claim got a GpuIdle Event"
         ),
+        f"The other examples' claims are idle too: each gets its GpuIdle Events {IDLE_AFTER} "
+        "after prepare",
+        "(kubectl get events -A --field-selector reason=GpuIdle).",
     ]
-    if seen.others:
-        lines.append(
-            f"The other examples' claims are idle too: {seen.others} more GpuIdle Events "
-            "(kubectl get events -A --field-selector reason=GpuIdle)."
-        )
     return "\n".join(lines)
 
 
@@ -175,12 +173,8 @@ def make_busy(kube: Kube, state: DemoState) -> None:
     os.replace(tmp, path)  # the plugin never reads half a file
 
 
-def _gpu_idle(kube: Kube, namespace: str | None) -> list[dict[str, Any]]:
-    selector = "reason=GpuIdle"
-    if namespace is None:
-        found = kube.core.list_event_for_all_namespaces(field_selector=selector)
-    else:
-        found = kube.core.list_namespaced_event(namespace, field_selector=selector)
+def _gpu_idle(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    found = kube.core.list_namespaced_event(namespace, field_selector="reason=GpuIdle")
     return [kube.as_dict(e) for e in found.items]
 
 
@@ -220,11 +214,9 @@ def observe(kube: Kube, state: DemoState) -> Observed:
         output = wait_for("dra-gpu top to list the busy pod", top, timeout=WAIT_S)
     except WaitTimeout as exc:
         output = str(exc)
-    everywhere = _gpu_idle(kube, None)
     return Observed(
         top_command=top_command(urls),
         top_output=output,
         events=tuple(events),
         busy_claim=busy_claim,
-        others=sum(1 for e in everywhere if e["metadata"]["namespace"] != NAMESPACE),
     )

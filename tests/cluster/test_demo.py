@@ -130,7 +130,6 @@ def test_two_shares_on_one_gpu_and_the_telemetry_section(
     idle_claim = next(t for t in idle if t.startswith(f"{demo_telemetry.NAMESPACE}/"))
     idle_claim = idle_claim.split("/")[1]
     assert involved == [("Pod", "idle", "Warning"), ("ResourceClaim", idle_claim, "Warning")]
-    assert seen.others > 0  # the shares, at least, are idle too
     section = demo_telemetry.section(seen)
     assert "(none on pod busy or its claim " in section, section
     ending = demo.result_text(state, [*rows, *watched], [section])
