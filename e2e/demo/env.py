@@ -15,7 +15,7 @@ session) that owns everything and tears it down on SIGTERM (``python -m e2e.demo
    pods are removed at once when deleted (``e2e.cluster``: no kubelet would ever confirm it).
    ``demo-h200``'s plugin sets time-slice intervals (``--time-slicing-settings=true``);
 3. one kubelet plugin per node (simulated GPUs; each serves ``/metrics`` with GPU telemetry on
-   a port of 127.0.0.1, sampled every 2 s, ``--idle-after 15s``) and the controller, as
+   a port of 127.0.0.1, sampled every 2 s, ``--idle-after 10s``) and the controller, as
    processes: the controller keeps the DeviceClasses applied and serves the admission webhook,
    which the chart's own ValidatingWebhookConfiguration (rendered with helm, by URL instead of
    Service) registers;
@@ -85,9 +85,10 @@ NODE_FLAGS = {
     SHARES_NODE: SHARES_FLAGS,
 }
 # Every plugin serves /metrics with GPU telemetry (docs/metrics.md), sampled often and with a
-# short idle period, so that the demo's idle claims get their GpuIdle Events while it runs.
+# short idle period, so that the demo's idle claims get their GpuIdle Events while it runs: the
+# telemetry example is applied first, and its idle period passes while the others are applied.
 TELEMETRY_INTERVAL = "2"
-IDLE_AFTER = "15s"
+IDLE_AFTER = "10s"
 # Simulated nodes carry the label GPU Feature Discovery puts on real GPU nodes.
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 REAL_NODE_LABEL = ("dra-gpu.test/real-node", "true")

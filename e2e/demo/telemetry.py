@@ -1,9 +1,9 @@
 """The demo's telemetry example: a busy and an idle GPU, ``dra-gpu top`` and a ``GpuIdle`` Event.
 
 Every demo plugin serves ``/metrics`` with GPU telemetry, sampled every 2 s, and reports a claim
-idle for 15 s (``env.telemetry_flags``). Two pods of the ``one-gpu`` scenario, ``busy`` and
+idle for 10 s (``env.telemetry_flags``). Two pods of the ``one-gpu`` scenario, ``busy`` and
 ``idle``, are pinned to ``demo-h200-shared`` (its GPUs are left free by the scenarios) as the
-demo's first example, so that the idle one's 15 s pass while the others are applied. The GPUs
+demo's first example, so that the idle one's 10 s pass while the others are applied. The GPUs
 are simulated: what a device does is read from ``simulated-usage.json`` in the plugin's state
 directory (docs/simulated-profiles.md), which the demo writes as the busy pod's workload would:
 one process of that pod, at 85 % of the SMs with 12 GiB. At the end the section shows what a
