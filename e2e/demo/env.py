@@ -1,20 +1,24 @@
-"""The demo's environment: the driver on three GPU nodes of a local cluster, kept up in background.
+"""The demo's environment: the driver on four GPU nodes of a local cluster, kept up in background.
 
 ``python -m e2e.demo`` starts ``python -m e2e.demo _serve`` as a detached supervisor (its own
 session) that owns everything and tears it down on SIGTERM (``python -m e2e.demo down``):
 
 1. the control plane (``e2e.cluster.Cluster``; Kubernetes binaries are built the first time);
-2. three GPU nodes, ``demo-h200`` (profile ``h200x8``: 8 full H200), ``demo-a100`` (profile
-   ``a100x4-mig``: A100s with MIG devices) and ``demo-h100-dyn`` (profile ``h100x8-mig``, with
-   ``--mig-mode=dynamic``: H100s with MIG on and no MIG devices, created for claims). Each is a
+2. four GPU nodes, ``demo-h200`` (profile ``h200x8``: 8 full H200), ``demo-a100`` (profile
+   ``a100x4-mig``: A100s with MIG devices), ``demo-h100-dyn`` (profile ``h100x8-mig``, with
+   ``--mig-mode=dynamic``: H100s with MIG on and no MIG devices, created for claims) and
+   ``demo-h200-shared`` (``h200x8`` with ``--consumable-shares memory``: several claims per GPU,
+   each with its memory; the shares and telemetry examples run there). Each is a
    *real* node (kubelet + containerd + runc from ``e2e.node``, so pods really run) when that
    works on this machine, else a *simulated* node: a Node object without a kubelet, whose Lease
    the supervisor keeps renewing, tainted so that only the demo's own pods go there, and whose
    pods are removed at once when deleted (``e2e.cluster``: no kubelet would ever confirm it).
    ``demo-h200``'s plugin sets time-slice intervals (``--time-slicing-settings=true``);
-3. one kubelet plugin per node (simulated GPUs) and the controller, as processes: the controller
-   keeps the DeviceClasses applied and serves the admission webhook, which the chart's own
-   ValidatingWebhookConfiguration (rendered with helm, by URL instead of Service) registers;
+3. one kubelet plugin per node (simulated GPUs; each serves ``/metrics`` with GPU telemetry on
+   a port of 127.0.0.1, sampled every 2 s, ``--idle-after 10s``) and the controller, as
+   processes: the controller keeps the DeviceClasses applied and serves the admission webhook,
+   which the chart's own ValidatingWebhookConfiguration (rendered with helm, by URL instead of
+   Service) registers;
 4. it waits until every node's ResourceSlices and the DeviceClasses are in the API and the API
    server refuses a bad claim through the webhook, then writes ``<cache>/demo/state.json``: the
    supervisor's pid, the kubeconfig, and per node whether it is real and where its plugin's DRA
@@ -63,8 +67,28 @@ SHARING_FLAGS = ("--time-slicing-settings", "true")
 # for them (docs/dynamic-mig.md).
 DYNAMIC_MIG_NODE = "demo-h100-dyn"
 DYNAMIC_MIG_FLAGS = ("--mig-mode", "dynamic")
-NODE_PROFILES = {"demo-h200": "h200x8", "demo-a100": "a100x4-mig", DYNAMIC_MIG_NODE: "h100x8-mig"}
-NODE_FLAGS = {SHARING_NODE: SHARING_FLAGS, DYNAMIC_MIG_NODE: DYNAMIC_MIG_FLAGS}
+# demo-h200-shared publishes its H200s as consumable shares by memory (docs/sharing.md): the
+# shares example puts two claims on one GPU. The telemetry example's claims run there too (whole
+# GPUs: a claim that asks for nothing takes all the memory). The scenarios are kept off it, so
+# those examples find its GPUs free.
+SHARES_NODE = "demo-h200-shared"
+SHARES_FLAGS = ("--consumable-shares", "memory")
+NODE_PROFILES = {
+    "demo-h200": "h200x8",
+    "demo-a100": "a100x4-mig",
+    DYNAMIC_MIG_NODE: "h100x8-mig",
+    SHARES_NODE: "h200x8",
+}
+NODE_FLAGS = {
+    SHARING_NODE: SHARING_FLAGS,
+    DYNAMIC_MIG_NODE: DYNAMIC_MIG_FLAGS,
+    SHARES_NODE: SHARES_FLAGS,
+}
+# Every plugin serves /metrics with GPU telemetry (docs/metrics.md), sampled often and with a
+# short idle period, so that the demo's idle claims get their GpuIdle Events while it runs: the
+# telemetry example is applied first, and its idle period passes while the others are applied.
+TELEMETRY_INTERVAL = "2"
+IDLE_AFTER = "10s"
 # Simulated nodes carry the label GPU Feature Discovery puts on real GPU nodes.
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 REAL_NODE_LABEL = ("dra-gpu.test/real-node", "true")
@@ -97,6 +121,7 @@ class NodeInfo:
     note_log: str = ""  # the log that tells more, when a real node failed
     on_purpose: bool = False  # simulated because real nodes were turned off, not for a failure
     state_dir: str = ""  # the plugin's state directory (its health command file is there)
+    metrics_url: str = ""  # the plugin's /metrics (GPU telemetry, what dra-gpu top reads)
 
 
 @dataclass(frozen=True)
@@ -139,6 +164,13 @@ def _free_port() -> int:
     return port
 
 
+def telemetry_flags(port: int) -> tuple[str, ...]:
+    return (
+        *("--metrics-address", f"127.0.0.1:{port}"),
+        *("--telemetry-interval", TELEMETRY_INTERVAL, "--idle-after", IDLE_AFTER),
+    )
+
+
 def real_nodes_wanted() -> str:
     mode = os.environ.get("DRA_GPU_DEMO_REAL_NODES", "auto").strip().lower()
     if mode not in ("auto", "yes", "no"):
@@ -156,6 +188,7 @@ class Environment:
         self.cluster = Cluster(workdir=workdir / "cluster", log=_say)
         self.nodes: list[Node] = []  # imported lazily when used (a node needs root tooling)
         self.plugins: dict[str, PluginProcess] = {}
+        self.metrics_ports: dict[str, int] = {}
         self.infos: list[NodeInfo] = []
         self.controller: ManagedProcess | None = None
         self.webhook = WebhookServing(port=_free_port(), cert_dir=workdir / "controller-certs")
@@ -178,7 +211,8 @@ class Environment:
         on_purpose = mode == "no"
         for name, profile in NODE_PROFILES.items():
             real = False
-            extra = NODE_FLAGS.get(name, ())
+            self.metrics_ports[name] = _free_port()
+            extra = (*NODE_FLAGS.get(name, ()), *telemetry_flags(self.metrics_ports[name]))
             if mode in ("auto", "yes") and not note:
                 real, note = self._try_real_node(name, profile, required=mode == "yes", extra=extra)
                 # The supervisor's log has the failed node's own log tails.
@@ -260,6 +294,7 @@ class Environment:
                 note_log=note_log,
                 on_purpose=on_purpose,
                 state_dir=str(plugin.dirs.state),
+                metrics_url=f"http://127.0.0.1:{self.metrics_ports[name]}/metrics",
             )
         )
         plugin.start()

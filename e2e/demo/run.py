@@ -3,22 +3,25 @@
 ``python -m e2e.demo`` (what ``make demo`` runs):
 
 1. stops a demo left running, then starts the environment in the background (``e2e.demo.env``:
-   control plane, three GPU nodes, a kubelet plugin per node, the controller with its admission
-   webhook), showing its progress; the first run builds the Kubernetes binaries (and, with real
-   nodes, containerd and runc);
-2. applies example claims and pods from ``e2e/scenarios/`` (one namespace each); an example the
-   admission webhook refuses gets a row saying why, as ``kubectl apply`` would;
+   control plane, four GPU nodes, a kubelet plugin per node with GPU telemetry, the controller
+   with its admission webhook), showing its progress; the first run builds the Kubernetes
+   binaries (and, with real nodes, containerd and runc);
+2. applies the telemetry example first (``e2e.demo.telemetry``: a busy and an idle GPU, so that
+   the idle one's idle period passes meanwhile), then example claims and pods from
+   ``e2e/scenarios/`` (one namespace each, kept off the shares node); an example the admission
+   webhook refuses gets a row saying why, as ``kubectl apply`` would;
 3. waits until each pod is scheduled and its claims allocated; then reads what each container
    saw: on a real node from the container's log, on a simulated node by calling
    NodePrepareResources as the kubelet would and resolving the returned CDI device IDs; then the
    dynamic-MIG example (``e2e.demo.dynamic_mig``) and the time-slicing example
    (``e2e.demo.sharing``: the ``nvidia-smi`` commands recorded at prepare, and after its pod is
-   deleted the reset);
-4. prints the table pod → claim → node → device → what the container saw, and how to explore
-   and tear down. When a real node did not start, the table's heading and the last lines say so,
-   why, and which log tells more; nodes simulated on purpose are named in one last line.
-   Everything stays up until
-   ``python -m e2e.demo down``.
+   deleted the reset), and the consumable-shares example (``e2e.demo.shares``: two claims by
+   memory on one GPU, each row with its shareID and consumed memory);
+4. prints the table pod → claim → node → device → what the container saw, the telemetry
+   section (``dra-gpu top`` and the ``GpuIdle`` Events), and how to explore and tear down.
+   When a real node did not start, the table's heading and the last lines say so, why, and
+   which log tells more; nodes simulated on purpose are named in one last line. Everything
+   stays up until ``python -m e2e.demo down``.
 
 ``python -m e2e.demo status`` prints the running demo's kubeconfig and nodes.
 """
@@ -39,7 +42,9 @@ from e2e import supervisor
 from e2e.cluster import SIMULATED_TOLERATION
 from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
+from e2e.demo import shares as demo_shares
 from e2e.demo import sharing as demo_sharing
+from e2e.demo import telemetry as demo_telemetry
 from e2e.demo import view as demo_view
 from e2e.demo.env import DemoState, NodeInfo
 from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
@@ -61,6 +66,26 @@ DEMO_SCENARIOS = (
     "invalid-config",
 )
 NAMESPACE_PREFIX = "demo-"
+# The scenarios stay off the shares node: its GPUs are the shares and telemetry examples'.
+OFF_THE_SHARES_NODE = {
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "kubernetes.io/hostname",
+                                "operator": "NotIn",
+                                "values": [demo_env.SHARES_NODE],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+}
 WAIT_S = 120.0
 
 
@@ -116,7 +141,7 @@ def apply_scenarios(kube: Kube, state: DemoState) -> list[tuple[str, str] | demo
                     {"nodeSelector": dict([demo_env.REAL_NODE_LABEL])}
                     if real
                     else {"tolerations": [dict(SIMULATED_TOLERATION)]}
-                )
+                ) | OFF_THE_SHARES_NODE
                 doc = {**doc, "spec": {**doc["spec"], **placement}}
             try:
                 kube.create(namespace, doc)
@@ -154,7 +179,7 @@ def _claim_cell(kube: Kube, namespace: str, claims: list[str]) -> tuple[str, str
     for name in claims:
         claim = kube.claim(namespace, name) or {}
         results = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-        devices += [r["device"] for r in results.get("results") or []]
+        devices += demo_view.device_lines(results.get("results") or [])
     return "\n".join(claims) or "-", "\n".join(devices) or "-"
 
 
@@ -256,6 +281,9 @@ def explore_text(state: DemoState) -> str:
         "IDs resolved in the plugin's CDI directory, as the container runtime does.",
         "(admission) = the admission webhook refused the example's claim: nothing was created",
         f"from it on. The webhook: {state.webhook} (controller log {state.controller_log}).",
+        "<device> share <id> = the claim's share of a GPU that several claims use (consumable",
+        f"shares on {demo_env.SHARES_NODE}, docs/sharing.md): its shareID's first characters",
+        "and what it consumed, from the claim's allocation.",
         "",
         "Explore:",
         f"  export KUBECONFIG={state.kubeconfig}",
@@ -265,6 +293,8 @@ def explore_text(state: DemoState) -> str:
         "  kubectl get resourceclaims -A",
         "  kubectl get pods -A -o wide",
         f"  ls {' '.join(sorted({n.cdi_root for n in state.nodes}))}",
+        "  .venv/bin/python -m dra_gpu top -A "
+        + " ".join(f"--metrics-url {n.metrics_url}" for n in state.nodes if n.metrics_url),
         f"  (or, without the alias: {kubectl} get resourceslices)",
         "",
         *_health_text(state),
@@ -274,11 +304,13 @@ def explore_text(state: DemoState) -> str:
     return "\n".join(lines)
 
 
-def result_text(state: DemoState, rows: Sequence[demo_view.Row]) -> str:
-    """What the demo ends with: the heading, the table, how to explore; when a real node did not
-    start, the heading starts with why, and the last lines say it again (the table and the build
-    output above may have scrolled the heading away). Nodes simulated on purpose are named in
-    one last line, with why, and no warning."""
+def result_text(
+    state: DemoState, rows: Sequence[demo_view.Row], sections: Sequence[str] = ()
+) -> str:
+    """What the demo ends with: the heading, the table, ``sections`` (each after a blank line),
+    how to explore; when a real node did not start, the heading starts with why, and the last
+    lines say it again (the table and the build output above may have scrolled the heading
+    away). Nodes simulated on purpose are named in one last line, with why, and no warning."""
     simulated = [
         demo_view.Simulated(n.name, n.note, n.note_log, on_purpose=n.on_purpose)
         for n in state.nodes
@@ -290,7 +322,7 @@ def result_text(state: DemoState, rows: Sequence[demo_view.Row]) -> str:
         *demo_view.on_purpose_line(simulated),
         *demo_view.fallback_notice(simulated, some_real=some_real),
     ]
-    parts = [head, demo_view.render_table(rows), explore_text(state)]
+    parts = [head, demo_view.render_table(rows), *(f"\n{s}" for s in sections), explore_text(state)]
     return "\n".join(parts + (["", *last] if last else []))
 
 
@@ -314,6 +346,10 @@ def cmd_run(_: argparse.Namespace) -> int:
         _err("[demo] stopped the previous demo")
     state = start_environment()
     kube = Kube.from_kubeconfig(state.kubeconfig)
+    # First, so that the idle claim's idle period passes while the other examples are applied.
+    _err("[demo] applying the telemetry example (a busy and an idle GPU)")
+    watched = [r for entry in demo_telemetry.apply(kube) for r in observe(kube, state, *entry)]
+    demo_telemetry.make_busy(kube, state)
     _err("[demo] applying example claims and pods from e2e/scenarios/")
     rows: list[demo_view.Row] = []
     for entry in apply_scenarios(kube, state):
@@ -325,8 +361,14 @@ def cmd_run(_: argparse.Namespace) -> int:
     example = demo_sharing.apply(kube, state)
     shared = observe(kube, state, example.namespace, example.pod)
     rows += demo_sharing.applied_and_reset(shared, kube, state, example)
+    _err("[demo] applying the shares example (two claims of 40Gi and 20Gi on one GPU)")
+    for entry in demo_shares.apply(kube):
+        rows += observe(kube, state, *entry)
+    rows += watched
+    _err("[demo] reading GPU telemetry: dra-gpu top and the GpuIdle Events")
+    telemetry = demo_telemetry.section(demo_telemetry.observe(kube, state))
     print()
-    print(result_text(state, rows))
+    print(result_text(state, rows, [telemetry]))
     return 0
 
 

@@ -25,11 +25,10 @@ import grpc
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_gpu.prepare.sharing.applied import recording_path
 from e2e import kubelet_calls
-from e2e.cluster import SIMULATED_TOLERATION
+from e2e.demo import pinned
 from e2e.demo import view as demo_view
 from e2e.demo.env import SHARING_NODE, DemoState, NodeInfo
-from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
-from e2e.suite.runner import SCENARIOS_DIR
+from e2e.suite.kube import Kube, WaitTimeout, wait_for
 
 NAMESPACE = "demo-sharing-applied"
 SCENARIO = "gpu-config"
@@ -44,14 +43,8 @@ class Example:
 
 
 def manifests(node: str) -> list[dict[str, Any]]:
-    """The scenario's claim template and pod, the pod pinned to ``node`` (which may be a
-    simulated one: the pod tolerates its taint)."""
-    pinned = {"nodeSelector": {"kubernetes.io/hostname": node}}
-    tolerate = {"tolerations": [dict(SIMULATED_TOLERATION)]}
-    return [
-        {**doc, "spec": {**doc["spec"], **pinned, **tolerate}} if doc["kind"] == "Pod" else doc
-        for doc in load_manifests(SCENARIOS_DIR / SCENARIO)
-    ]
+    """The scenario's claim template and pod, the pod pinned to ``node``."""
+    return pinned.manifests(SCENARIO, node)
 
 
 def _node(state: DemoState) -> NodeInfo:

@@ -91,6 +91,25 @@ def summarize(view: ContainerView) -> str:
     return "\n".join(lines)
 
 
+SHARE_ID_CHARS = 8  # enough to tell the shares of one GPU apart; the claim's status has it all
+
+
+def device_lines(results: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The DEVICE cell's lines for a claim's allocation results: the device, and for a share of
+    a device (consumable capacity: the result has a ``shareID``) its shareID's start and what it
+    consumed, ``gpu-0 share 3f9a01bc`` then ``  consumed memory 40Gi``."""
+    lines = []
+    for r in results:
+        share = str(r.get("shareID") or "")
+        if not share:
+            lines.append(str(r["device"]))
+            continue
+        consumed = r.get("consumedCapacity") or {}
+        lines.append(f"{r['device']} share {share[:SHARE_ID_CHARS]}")
+        lines += [f"  consumed {name} {amount}" for name, amount in sorted(consumed.items())]
+    return lines
+
+
 @dataclass(frozen=True)
 class Row:
     pod: str  # namespace/name[/container]

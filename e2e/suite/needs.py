@@ -42,6 +42,33 @@ def extended_resource_mapping(kube: Kube) -> str | None:
     )
 
 
+def consumable_capacity(kube: Kube) -> str | None:
+    """A claim's ``capacity.requests`` is kept (DRAConsumableCapacity): an API server with the
+    gate off drops the field, and a claim asking memory of a GPU would ask for nothing. Asked
+    with a server-side dry run, which stores nothing."""
+    group, version = RESOURCE
+    request = {
+        "name": "gpu",
+        "exactly": {"deviceClassName": GPU_CLASS, "capacity": {"requests": {"memory": "1Gi"}}},
+    }
+    claim = {
+        "apiVersion": f"{group}/{version}",
+        "kind": "ResourceClaim",
+        "metadata": {"generateName": "needs-consumable-"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    stored: Any = kube.custom.create_namespaced_custom_object(
+        group, version, "default", "resourceclaims", claim, dry_run="All"
+    )
+    (kept,) = stored["spec"]["devices"]["requests"]
+    if (kept.get("exactly") or {}).get("capacity"):
+        return None
+    return (
+        f"Kubernetes {server_version(kube)} drops a request's capacity.requests (feature gate "
+        "DRAConsumableCapacity is off there): a claim cannot ask memory of a GPU on this version"
+    )
+
+
 def refuse_unmet(kube: Kube, needs: Sequence[Need]) -> None:
     """Raise :class:`Refused` with the first unmet need's reason."""
     for need in needs:

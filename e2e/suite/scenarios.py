@@ -228,6 +228,50 @@ def some_container_without_devices(ctx: Context, run: Run) -> list[str]:
     ]
 
 
+def _asked_memory(claim: Mapping[str, Any], request: str) -> int | None:
+    """The memory ``request`` of ``claim`` asks with ``capacity.requests`` (None: nothing)."""
+    for r in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
+        if r["name"] == request:
+            raw = (((r.get("exactly") or {}).get("capacity") or {}).get("requests") or {}).get(
+                "memory"
+            )
+            return parse_quantity(str(raw)) if raw is not None else None
+    return None
+
+
+def memory_requests_met(ctx: Context, run: Run) -> list[str]:
+    """Each claim that asks memory of a GPU got one with at least that much (from the slices).
+    Where the GPU is published for several claims (``allowMultipleAllocations``: a node in
+    consumable-shares mode), its allocation result must also carry a shareID of its own and
+    what it consumed, at least the memory asked; elsewhere the request only filters."""
+    problems = []
+    share_ids: dict[str, str] = {}
+    asking = 0
+    for name, claim in run.claims.items():
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+        for r in results.get("results") or []:
+            asked = _asked_memory(claim, r["request"])
+            if r["driver"] != DRIVER_NAME or asked is None:
+                continue
+            asking += 1
+            facts = device_facts(ctx, r["pool"], r["device"])
+            raw = ((facts.get("capacity") or {}).get("memory") or {}).get("value", "0")
+            if parse_quantity(str(raw)) < asked:
+                problems.append(f"claim {name}: {r['device']} has memory {raw}, asked {asked}")
+            if not facts.get("allowMultipleAllocations"):
+                continue
+            consumed = (r.get("consumedCapacity") or {}).get("memory")
+            share = str(r.get("shareID") or "")
+            if not share or share in share_ids:
+                problems.append(f"claim {name}: shareID {share!r} (others: {share_ids})")
+            share_ids[share] = name
+            if consumed is None or parse_quantity(str(consumed)) < asked:
+                problems.append(f"claim {name}: consumed memory {consumed}, asked {asked}")
+    if asking < 2:
+        problems.append(f"expected two allocated claims asking memory, got {asking}")
+    return problems
+
+
 GI = 2**30
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -280,6 +324,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         checks=(one_device_shared, some_container_without_devices),
     ),
     Scenario("shared-by-pods", "one claim shared by two pods", checks=(one_device_shared,)),
+    Scenario(
+        "shared-by-memory",
+        "two claims asking 40Gi and 20Gi of a GPU; on a consumable-shares node, a share each",
+        checks=(device_count(1), memory_requests_met),
+        needs=(needs.consumable_capacity,),
+    ),
     Scenario(
         "gpu-config",
         "a claim with a GpuConfig (time-slicing)",

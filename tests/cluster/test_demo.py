@@ -7,6 +7,9 @@ With real nodes turned off, the nodes are simulated on purpose: the ending names
 in one line, without a warning. The dynamic-MIG
 node's example gets a MIG device created for its claim, and its row shows that device. The
 time-slicing example's row shows the interval set on its GPU, and its reset once the pod is gone.
+The shares example's two pods get one GPU, each row with its own shareID and consumed memory.
+The telemetry section shows ``dra-gpu top`` with the busy pod at its utilization and the idle
+claim idle, and GpuIdle Events on the idle claim and pod, none on the busy one.
 """
 
 from __future__ import annotations
@@ -22,18 +25,21 @@ import pytest
 from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
 from e2e.demo import run as demo
+from e2e.demo import shares as demo_shares
 from e2e.demo import sharing as demo_sharing
+from e2e.demo import telemetry as demo_telemetry
 from e2e.demo import view as demo_view
 from e2e.suite.kube import Kube
 
 
-@pytest.fixture
-def environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[demo_env.Environment]:
-    monkeypatch.setenv("DRA_GPU_DEMO_REAL_NODES", "no")
+@pytest.fixture(scope="module")
+def environment() -> Iterator[demo_env.Environment]:
     workdir = Path(tempfile.mkdtemp(prefix="demo-"))  # short: plugin sockets live below it
     env = demo_env.Environment(workdir)
     try:
-        env.up()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("DRA_GPU_DEMO_REAL_NODES", "no")
+            env.up()
         yield env
     finally:
         env.down()
@@ -76,6 +82,55 @@ def test_bad_input_is_refused_at_admission_and_the_ending_names_the_simulated_no
     assert ending.startswith("Pods on simulated nodes (no kubelet)"), ending
     assert ending.splitlines()[-1] == (
         "Simulated on purpose (no kubelet): demo-h200, demo-a100, demo-h100-dyn, "
-        "real nodes off (DRA_GPU_DEMO_REAL_NODES=no)."
+        "demo-h200-shared, real nodes off (DRA_GPU_DEMO_REAL_NODES=no)."
     )
     assert "NO CONTAINER RAN" not in ending
+
+
+def test_two_shares_on_one_gpu_and_the_telemetry_section(
+    environment: demo_env.Environment,
+) -> None:
+    state = environment.state()
+    kube = Kube.from_kubeconfig(state.kubeconfig)
+    watched = [r for e in demo_telemetry.apply(kube) for r in demo.observe(kube, state, *e)]
+    demo_telemetry.make_busy(kube, state)
+
+    rows = [r for e in demo_shares.apply(kube) for r in demo.observe(kube, state, *e)]
+    assert [r.pod for r in rows] == ["shared-by-memory/share-40gi", "shared-by-memory/share-20gi"]
+    assert {r.node for r in rows} == {demo_env.SHARES_NODE}
+    cells = [r.devices.splitlines() for r in rows]
+    assert [c[1] for c in cells] == ["  consumed memory 40Gi", "  consumed memory 20Gi"], cells
+    (device,) = {c[0].split()[0] for c in cells}  # one GPU for both
+    ids = [c[0].split()[2] for c in cells]
+    assert len(set(ids)) == 2 and all(len(i) == demo_view.SHARE_ID_CHARS for i in ids), cells
+    assert all(r.saw.startswith(f"{device} NVIDIA H200") for r in rows), rows
+    # Claims that ask for nothing take a whole GPU of the shares node: all of its memory.
+    assert {r.devices.splitlines()[1] for r in watched} == {"  consumed memory 143771Mi"}
+
+    seen = demo_telemetry.observe(kube, state)
+    top = seen.top_output.splitlines()
+    assert top[0].split() == [
+        "NODE",
+        "DEVICE",
+        "PRODUCT",
+        "CLAIM",
+        "PODS",
+        "UTIL",
+        "MEMORY",
+        "IDLE",
+    ]
+    busy = next(line.split() for line in top if f"{demo_telemetry.NAMESPACE}/busy-" in line)
+    idle = next(line.split() for line in top if f"{demo_telemetry.NAMESPACE}/idle-" in line)
+    assert tuple(busy[-4:]) == ("busy", "85%", "12.0Gi/140.4Gi", "-"), top
+    assert idle[-4:-1] == ["-", "0%", "0/140.4Gi"] and idle[-1] != "-", top
+    assert len(top) == 3, top  # the example's two claims only
+    involved = sorted(
+        (e["involvedObject"]["kind"], e["involvedObject"]["name"], e["type"]) for e in seen.events
+    )
+    idle_claim = next(t for t in idle if t.startswith(f"{demo_telemetry.NAMESPACE}/"))
+    idle_claim = idle_claim.split("/")[1]
+    assert involved == [("Pod", "idle", "Warning"), ("ResourceClaim", idle_claim, "Warning")]
+    section = demo_telemetry.section(seen)
+    assert "(none on pod busy or its claim " in section, section
+    ending = demo.result_text(state, [*rows, *watched], [section])
+    assert section in ending and ending.index("consumed memory 20Gi") < ending.index(section)

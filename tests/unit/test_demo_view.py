@@ -7,12 +7,15 @@ Cases:
   and its own ``resources.claims``;
 - the summary names each device with product, MIG profile and non-default sharing, and the
   GPU device nodes; a container without GPU env says so;
-- the table aligns columns and continues multi-line cells on the next lines.
+- the table aligns columns and continues multi-line cells on the next lines;
+- a share of a GPU (consumable capacity) shows its device, its shareID's start and what it
+  consumed; a whole device only its name.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -218,3 +221,19 @@ def test_nodes_simulated_on_purpose_are_no_warning_but_one_line() -> None:
         f"Simulated on purpose (no kubelet): demo-h200, demo-a100, {off}."
     ]
     assert demo_view.on_purpose_line([demo_view.Simulated("demo-a100", "x")]) == []
+
+
+def test_a_share_shows_its_device_share_id_and_consumed_memory() -> None:
+    results: list[dict[str, Any]] = [
+        {
+            "device": "gpu-0",
+            "shareID": "3f9a01bc-77d2-4c1e-9b0a-5d6e7f809a1b",
+            "consumedCapacity": {"memory": "40Gi"},
+        },
+        {"device": "gpu-1"},
+    ]
+    assert demo_view.device_lines(results) == [
+        "gpu-0 share 3f9a01bc",
+        "  consumed memory 40Gi",
+        "gpu-1",
+    ]
