@@ -37,6 +37,9 @@ from dra_gpu.kube.transport import Answer, Stream, Transport, proxy_from_environ
 JSON = dict[str, Any]
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 20.0
+JSON_TYPE = "application/json"
+# A server-side apply patch: the fields the caller owns, merged by the server per list-map key.
+APPLY_PATCH = "application/apply-patch+yaml"
 WATCH_SECONDS = 290
 # How much longer than the server-side watch timeout we wait, so the server ends a healthy
 # stream first.
@@ -76,13 +79,15 @@ class KubeClient:
         *,
         query: Mapping[str, str] | None = None,
         body: Mapping[str, Any] | None = None,
+        content_type: str = JSON_TYPE,
         timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> Reply:
-        """One request: the decoded JSON answer and the server's warnings, or an ApiError."""
+        """One request: the decoded JSON answer and the server's warnings, or an ApiError.
+        ``content_type``: the body's, e.g. :data:`APPLY_PATCH` (JSON is a subset of YAML)."""
         request = f"{method} {path}"
         fixed = {"Accept": "application/json"}
         if body is not None:
-            fixed["Content-Type"] = "application/json"
+            fixed["Content-Type"] = content_type
         data = json.dumps(body).encode() if body is not None else None
 
         answer = self._answered(
@@ -135,10 +140,13 @@ class KubeClient:
         *,
         query: Mapping[str, str] | None = None,
         body: Mapping[str, Any] | None = None,
+        content_type: str = JSON_TYPE,
         timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> JSON:
         """One request: the decoded JSON answer, or an ApiError."""
-        return self.call(method, path, query=query, body=body, timeout_s=timeout_s).body
+        return self.call(
+            method, path, query=query, body=body, content_type=content_type, timeout_s=timeout_s
+        ).body
 
     def get_text(self, path: str, *, timeout_s: float = REQUEST_TIMEOUT_S) -> str:
         """A GET whose answer is text, not JSON (a pod's ``/metrics`` through the API server's

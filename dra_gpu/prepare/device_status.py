@@ -15,14 +15,13 @@ fails for a reason that may pass (no answer, 429, 5xx, a conflicting write) is t
 after 0.5 s, doubling up to 30 s; one that cannot succeed (the claim gone or replaced by
 another of the same name, Forbidden, Invalid) is dropped with one log line.
 
-The write reads the claim and replaces the status with one whose ``devices`` differ only in
-this driver's entries for the devices it prepared (other drivers' entries and every other
-field stay as read), sent as an update of the ``status`` subresource carrying the
-``resourceVersion`` it read: a concurrent writer makes it a conflict, retried on a fresh read,
-never a lost entry. Nothing changed (a repeated prepare): no write.
-
-Unprepare leaves the entries: the API server drops a device's status together with its
-allocation (the claim's deallocation), and unprepare must not depend on the API server.
+The write is a server-side apply of the ``status`` subresource with this driver's own field
+manager: it carries only our entries, which the server merges into ``status.devices`` by their
+key (driver, pool, device, shareID), so other drivers' entries and every other field stay as
+they are, with no read before it and no conflict with a concurrent writer. It names the
+claim's UID, so a claim replaced by another of the same name is refused (the UID cannot
+change), never written. A repeat of what this writer last applied for the claim (the kubelet's
+repeated prepare) sends nothing.
 
 An API server whose ``DRAResourceClaimDeviceStatus`` gate is off drops the field silently: the
 first write that comes back without our entries switches the writer off, with one log line.
@@ -45,6 +44,7 @@ from urllib.parse import quote
 from dra_gpu.devices import model
 from dra_gpu.devices.model import Device
 from dra_gpu.kube import errors
+from dra_gpu.kube.client import APPLY_PATCH
 from dra_gpu.kube.objects import AllocatedDeviceStatus, ResourceClaim
 from dra_gpu.kubeletplugin.driver import ClaimRef, PrepareResult
 from dra_gpu.kubeletplugin.ids import ClaimUID
@@ -64,6 +64,7 @@ FIRST_BACKOFF_S: Final = 0.5
 MAX_BACKOFF_S: Final = 30.0
 QUEUE_SIZE: Final = 1024
 CLAIMS_PATH: Final = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+API_VERSION: Final = "resource.k8s.io/v1"
 
 # Results, the label values of the metric (bounded).
 WRITTEN: Final = "written"
@@ -135,7 +136,7 @@ def entries(
     return out
 
 
-def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+def same_entries(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
     """Equal but for the conditions' transition times (a repeat must not rewrite them)."""
 
     def shown(entry: Mapping[str, Any]) -> Any:
@@ -145,31 +146,17 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         ]
         return {**entry, "conditions": conditions}
 
-    return bool(shown(a) == shown(b))
+    return [shown(e) for e in a] == [shown(e) for e in b]
 
 
-def merged(
-    current: Sequence[AllocatedDeviceStatus], ours: Sequence[AllocatedDeviceStatus]
-) -> list[AllocatedDeviceStatus] | None:
-    """``current`` with ``ours`` in place of the entries of the same devices (others kept in
-    their order, ours replaced where they were or added at the end); None when nothing
-    changes."""
-    wanted = {_key(e): e for e in ours}
-    out: list[AllocatedDeviceStatus] = []
-    changed = False
-    for entry in current:
-        key = _key(entry)
-        if key not in wanted:
-            out.append(entry)
-            continue
-        new = wanted.pop(key)
-        if _same(entry, new):
-            out.append(entry)
-        else:
-            out.append(new)
-            changed = True
-    out += wanted.values()
-    return out if changed or wanted else None
+def apply_body(ref: ClaimRef, ours: Sequence[AllocatedDeviceStatus]) -> dict[str, Any]:
+    """The apply patch: the claim named by UID, and only our entries of ``status.devices``."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": str(ref.uid)},
+        "status": {"devices": list(ours)},
+    }
 
 
 def backoff(attempt: int, *, first_s: float = FIRST_BACKOFF_S) -> float:
@@ -202,6 +189,7 @@ class Client(Protocol):
         *,
         query: Mapping[str, str] | None = None,
         body: Mapping[str, Any] | None = None,
+        content_type: str = ...,
         timeout_s: float = ...,
     ) -> dict[str, Any]: ...
 
@@ -243,12 +231,17 @@ class DeviceStatusWriter:
         self._record_of, self._inventory = record_of, inventory
         self._observe = observe or (lambda _result: None)
         self._hint = forbidden_hint
+        # Owns our entries in the server's managed fields; one per driver, since a claim's
+        # devices of one driver are prepared by the plugin of one node.
+        self._field_manager = f"{driver}/kubelet-plugin"
         self._first_backoff_s = first_backoff_s
         self._size = queue_size
         self._submitted: queue.Queue[ClaimRef | None] = queue.Queue(maxsize=queue_size)
         self._seq = itertools.count()
         # Set by the worker thread only (read by submit: a stale read costs one queued item).
         self._off = False
+        # Claim UID -> the entries last applied; the worker thread's only.
+        self._applied: dict[ClaimUID, list[AllocatedDeviceStatus]] = {}
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -332,22 +325,30 @@ class DeviceStatusWriter:
     def _write(self, ref: ClaimRef) -> str:
         record = self._record_of(ref.uid)
         if record is None:
+            self._applied.pop(ref.uid, None)
             raise Dropped("unprepared meanwhile")
-        path = CLAIMS_PATH.format(namespace=quote(ref.namespace), name=quote(ref.name))
-        claim = cast(ResourceClaim, self._client.request("GET", path))
-        if claim["metadata"].get("uid") != ref.uid:
-            raise Dropped(
-                f"the claim {ref} is now another one (UID {claim['metadata'].get('uid')})"
-            )
-        status = claim.get("status") or {}
         ours = entries(
             driver=self._driver, record=record, inventory=self._inventory(), now=_timestamp()
         )
-        devices = merged(status.get("devices") or [], ours)
-        if devices is None:
+        if same_entries(self._applied.get(ref.uid) or [], ours):
             return UNCHANGED
-        body = {**claim, "status": {**status, "devices": devices}}
-        stored = cast(ResourceClaim, self._client.request("PUT", f"{path}/status", body=body))
+        path = CLAIMS_PATH.format(namespace=quote(ref.namespace), name=quote(ref.name))
+        try:
+            stored = cast(
+                ResourceClaim,
+                self._client.request(
+                    "PATCH",
+                    f"{path}/status",
+                    query={"fieldManager": self._field_manager, "force": "true"},
+                    body=apply_body(ref, ours),
+                    content_type=APPLY_PATCH,
+                ),
+            )
+        except errors.ApiError as err:
+            if err.status == 422 and "metadata.uid" in err.message:
+                raise Dropped(f"the claim {ref} is now another one ({err.message})") from err
+            raise
+        self._forget_unprepared()
         kept = {_key(e) for e in (stored.get("status") or {}).get("devices") or []}
         if not {_key(e) for e in ours} <= kept:
             self._off = True
@@ -358,7 +359,12 @@ class DeviceStatusWriter:
                 ref,
             )
             return UNSUPPORTED
+        self._applied[ref.uid] = ours
         return WRITTEN
+
+    def _forget_unprepared(self) -> None:
+        for uid in [u for u in self._applied if self._record_of(u) is None]:
+            del self._applied[uid]
 
 
 class _Peekable(Protocol):

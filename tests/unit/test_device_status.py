@@ -101,41 +101,33 @@ def test_a_created_mig_device_carries_the_uuid_it_got() -> None:
     assert entry["data"]["type"] == "mig"
 
 
-def test_merge_keeps_other_entries_and_a_repeat_changes_nothing() -> None:
+def test_a_repeat_at_a_later_time_is_the_same_and_new_data_is_not() -> None:
     inv = inventory()
-    ours = device_status.entries(
-        driver=DRIVER, record=claim_record(gpu_record(inv["gpu-0"])), inventory=inv, now=NOW
-    )
-    other_driver: Any = {"driver": "nic.example.com", "pool": NODE, "device": "gpu-0"}
-    our_other_device: Any = {"driver": DRIVER, "pool": NODE, "device": "gpu-1", "data": {}}
-    stale: Any = {**ours[0], "data": {"uuid": "old"}}
-    merged = device_status.merged([other_driver, stale, our_other_device], ours)
-    assert merged == [other_driver, ours[0], our_other_device]
-
+    record = claim_record(gpu_record(inv["gpu-0"]))
+    ours = device_status.entries(driver=DRIVER, record=record, inventory=inv, now=NOW)
     later = device_status.entries(
-        driver=DRIVER,
-        record=claim_record(gpu_record(inv["gpu-0"])),
-        inventory=inv,
-        now="2026-12-02T01:00:00Z",
+        driver=DRIVER, record=record, inventory=inv, now="2026-12-02T01:00:00Z"
     )
-    assert device_status.merged([other_driver, *ours], later) is None
+    assert device_status.same_entries(ours, later)
+    stale: Any = [{**ours[0], "data": {"uuid": "old"}}]
+    assert not device_status.same_entries(stale, later)
 
 
 def test_shared_allocations_are_told_apart_by_share_id() -> None:
     inv = inventory()
-    a = device_status.entries(
-        driver=DRIVER,
-        record=claim_record(gpu_record(inv["gpu-0"], share_id="s-1")),
-        inventory=inv,
-        now=NOW,
+    a, b = (
+        device_status.entries(
+            driver=DRIVER,
+            record=claim_record(gpu_record(inv["gpu-0"], share_id=share)),
+            inventory=inv,
+            now=NOW,
+        )
+        for share in ("s-1", "s-2")
     )
-    b = device_status.entries(
-        driver=DRIVER,
-        record=claim_record(gpu_record(inv["gpu-0"], share_id="s-2")),
-        inventory=inv,
-        now=NOW,
-    )
-    assert device_status.merged(a, b) == [*a, *b]
+    assert [e["shareID"] for e in (*a, *b)] == ["s-1", "s-2"]
+    body = device_status.apply_body(REF, a)
+    assert body["status"] == {"devices": a}
+    assert body["metadata"]["uid"] == REF.uid
 
 
 def test_backoff_doubles_from_half_a_second_to_thirty() -> None:
@@ -152,13 +144,14 @@ def test_backoff_doubles_from_half_a_second_to_thirty() -> None:
 
 
 class FakeClient:
-    """The claim in the API server; ``fail``: errors raised by the next requests, in order."""
+    """The claim in the API server, which merges each apply of ``status.devices`` by entry key
+    as the real one does; ``fail``: errors raised by the next requests, in order."""
 
     def __init__(self, claim: dict[str, Any] | None, *, keeps_devices: bool = True) -> None:
         self.claim = claim
         self.keeps_devices = keeps_devices
         self.fail: list[errors.ApiError] = []
-        self.puts: list[dict[str, Any]] = []
+        self.applies: list[dict[str, Any]] = []
 
     def request(
         self,
@@ -167,26 +160,34 @@ class FakeClient:
         *,
         query: Mapping[str, str] | None = None,
         body: Mapping[str, Any] | None = None,
+        content_type: str = "",
         timeout_s: float = 0.0,
     ) -> dict[str, Any]:
         if self.fail:
             raise self.fail.pop(0)
+        assert (method, path, content_type) == (
+            "PATCH",
+            "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/claim/status",
+            "application/apply-patch+yaml",
+        )
+        assert query == {"fieldManager": f"{DRIVER}/kubelet-plugin", "force": "true"}
         if self.claim is None:
             raise errors.NotFound("not found", status=404)
-        if method == "GET":
-            assert path == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/claim"
-            return self.claim
-        assert (method, path) == (
-            "PUT",
-            "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/claim/status",
-        )
         assert body is not None
-        self.puts.append(dict(body))
-        stored = dict(body)
-        if not self.keeps_devices:
-            stored["status"] = {k: v for k, v in body["status"].items() if k != "devices"}
-        self.claim = stored
-        return stored
+        if body["metadata"]["uid"] != self.claim["metadata"]["uid"]:
+            raise errors.ApiError(
+                f'ResourceClaim "claim" is invalid: metadata.uid: Invalid value: '
+                f'"{body["metadata"]["uid"]}": field is immutable',
+                status=422,
+            )
+        self.applies.append(dict(body))
+        applied = {device_status._key(e): e for e in body["status"]["devices"]}
+        status = dict(self.claim.get("status") or {})
+        kept = [e for e in status.get("devices") or [] if device_status._key(e) not in applied]
+        if self.keeps_devices:
+            status["devices"] = kept + list(applied.values())
+        self.claim = {**self.claim, "status": status}
+        return self.claim
 
 
 def api_claim(uid: str = "uid-1") -> dict[str, Any]:
@@ -245,23 +246,25 @@ def next_result(results: queue.Queue[str]) -> str:
     return results.get(timeout=30)  # bounds a broken writer only
 
 
-def test_writes_our_entry_beside_the_others_with_the_read_version(
+def test_writes_our_entry_beside_the_others_without_reading_the_claim(
     results: queue.Queue[str], record: ClaimRecord, running: list[Any]
 ) -> None:
     client = FakeClient(api_claim())
     w = start(running, writer_for(client, results, record))
     w.submit(REF)
     assert next_result(results) == "written"
-    (put,) = client.puts
-    assert put["metadata"]["resourceVersion"] == "7"  # a concurrent write makes it a conflict
-    other, ours = put["status"]["devices"]
-    assert other["driver"] == "other.example.com"
+    (applied,) = client.applies
+    (ours,) = applied["status"]["devices"]  # only ours: the server keeps the rest
     assert (ours["device"], ours["data"]["uuid"]) == ("gpu-3", record.devices[0].uuid)
-    assert put["status"]["allocation"] == {"devices": {"results": []}}
+    assert client.claim is not None
+    other, stored = client.claim["status"]["devices"]
+    assert other["driver"] == "other.example.com"
+    assert stored == ours
+    assert client.claim["status"]["allocation"] == {"devices": {"results": []}}
 
     w.submit(REF)  # the kubelet's repeated prepare: nothing new to say
     assert next_result(results) == "unchanged"
-    assert len(client.puts) == 1
+    assert len(client.applies) == 1
 
 
 def test_unanswered_writes_are_retried_then_written(
@@ -275,7 +278,7 @@ def test_unanswered_writes_are_retried_then_written(
     w = start(running, writer_for(client, results, record))
     w.submit(REF)
     assert [next_result(results) for _ in range(3)] == ["retry", "retry", "written"]
-    assert len(client.puts) == 1
+    assert len(client.applies) == 1
 
 
 @pytest.mark.parametrize(
@@ -311,7 +314,7 @@ def test_permanent_failures_are_dropped_with_one_line(
     with caplog.at_level(logging.WARNING, logger="dra_gpu.prepare.device_status"):
         w.submit(REF)
         assert next_result(results) == "dropped"
-    assert client.puts == []
+    assert client.applies == []
     (line,) = [r.getMessage() for r in caplog.records]
     assert "ns/claim" in line
     hinted = fail is not None and (fail.status == 403 or "permission" in fail.message)
@@ -323,7 +326,7 @@ def test_an_unprepared_claim_is_not_written(results: queue.Queue[str], running: 
     w = start(running, writer_for(client, results, None))
     w.submit(REF)
     assert next_result(results) == "dropped"
-    assert client.puts == []
+    assert client.applies == []
 
 
 def test_a_server_that_drops_the_field_switches_the_writer_off(
@@ -340,7 +343,7 @@ def test_a_server_that_drops_the_field_switches_the_writer_off(
     assert any("DRAResourceClaimDeviceStatus" in r.getMessage() for r in caplog.records)
     w.submit(REF)
     w.stop()
-    assert results.empty() and len(client.puts) == 1
+    assert results.empty() and len(client.applies) == 1
 
 
 def test_a_full_queue_drops_without_blocking(

@@ -162,6 +162,7 @@ class FakeApi(KubeClient):
         *,
         query: Mapping[str, str] | None = None,
         body: Mapping[str, Any] | None = None,
+        content_type: str = "",
         timeout_s: float = 0.0,
     ) -> dict[str, Any]:
         if method == "POST":
