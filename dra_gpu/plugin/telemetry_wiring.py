@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def idle_event(involved: Mapping[str, str], message: str, *, node: str) -> dict[str, Any]:
     """The ``GpuIdle`` Warning about ``involved`` (a pod or the claim), in its namespace and
-    reported by ``node``: what the chart's policy ``idle-events`` admits (source.host must be
+    reported by ``node``: what the chart's policy ``claim-events`` admits (source.host must be
     the node the plugin's token is bound to)."""
     from dra_gpu.prepare import events
 

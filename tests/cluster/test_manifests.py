@@ -11,14 +11,17 @@ Cases:
 - the ValidatingAdmissionPolicies: a token of the plugin's ServiceAccount bound to node A may
   create, update and delete node A's ResourceSlice of its driver and is refused node B's
   (create, update, delete, and moving a slice from A to B) and another driver's slice on node A
-  (create, update, delete); a token bound to no node writes nothing; it may post Events about
-  Node A only (not node B, not a pod, not with node B as source host);
-- idle-claim Events: RBAC for Events in every namespace and the policy ``idle-events`` are
-  rendered exactly when the plugin posts GpuIdle (as it reads the values it is given). With them
-  on (a second release), the plugin's own GpuIdle Warning about a pod or a claim of a user's
-  namespace is admitted (and stored when posted the way the loop posts it), and refused with
-  another reason or type, another or no node as reporter, a related object, a Secret as
-  subject, or from a token bound to no node; without them, none is admitted anywhere;
+  (create, update, delete); a token bound to no node writes nothing; of Events about Nodes it
+  may post those about Node A in ``default`` only (not node B, not in another namespace, not
+  with node B as source host);
+- Events about pods and claims: RBAC grants Events in every namespace always; the policy
+  ``claim-events`` admits PrepareFailed always and GpuIdle exactly when the plugin posts it (as
+  it reads the values it is given). With idle-claim Events off, the PrepareFailed Warnings the
+  prepare wrapper posts about a claim and its pod in a user's namespace are stored, and GpuIdle
+  or another reason is refused. With them on (a second release), the plugin's own GpuIdle
+  Warning about a pod or a claim is admitted (and stored when posted the way the loop posts
+  it), and refused with another reason or type, another or no node as reporter, a related
+  object, a Secret as subject, or from a token bound to no node;
 - the plugin's RBAC: it may get a claim by name, not list or watch claims (in a namespace or
   cluster-wide); it may write its own driver's ``status.devices`` entries of a claim allocated
   on its node, not another driver's (from 1.36 the API server checks ``resourceclaims/driver``,
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -540,14 +544,23 @@ def test_plugin_posts_events_only_about_its_own_node(plugin_of_node_a: KubeClien
     spoofed = _node_event("policy-node-a")
     spoofed["source"]["host"] = "policy-node-b"
     assert post(spoofed)[0] == 403
+    # RBAC grants Events in every namespace (for pods and claims): a Node's go in `default` only.
+    elsewhere = _node_event("policy-node-a")
+    elsewhere["metadata"]["namespace"] = POLICY_NS
+    assert _dry_run_post(client, elsewhere)[0] == 422  # the API server's own validation
+    elsewhere["involvedObject"]["namespace"] = POLICY_NS  # which this passes, the policy not
+    status, message = _dry_run_post(client, elsewhere)
+    assert status == 403
+    assert f"posts its Node's Events in namespace default, not in {POLICY_NS}" in message
 
 
-# ----- idle-claim Events (metrics.enabled: GpuIdle on pods and claims in any namespace) -----
+# ----- Events about pods and claims (PrepareFailed always; GpuIdle with metrics.enabled) -----
 
 IDLE_RELEASE = "dra-gpu-idle"  # a second release, next to the first: its own account and policies
 IDLE_NS = "dra-gpu-idle-policy"
 IDLE_SA = "dra-gpu-idle-kubelet-plugin"
 TEAM_NS = "idle-events-team"  # where a user's pods and claims are: neither default nor the driver's
+CLAIM_EVENTS = f"{PLUGIN_SA}-claim-events"
 IDLE_ON: dict[str, str | bool | int] = {"simulate.enabled": True, "metrics.enabled": True}
 
 
@@ -568,7 +581,7 @@ def _rendered_names(values: dict[str, str | bool | int]) -> dict[tuple[str, str]
     ],
     ids=["defaults", "metrics", "idle-90s", "idle-0", "idle-0s", "no-telemetry", "no-metrics"],
 )
-def test_events_in_every_namespace_are_granted_only_while_the_plugin_posts_gpuidle(
+def test_gpuidle_is_admitted_only_while_the_plugin_posts_it(
     values: dict[str, str | bool | int], idle: bool
 ) -> None:
     objects = _rendered_names(values)
@@ -582,26 +595,22 @@ def test_events_in_every_namespace_are_granted_only_while_the_plugin_posts_gpuid
         settings.idle_after_s,
     )
     assert posts == idle
-    name = f"{PLUGIN_SA}-idle-events"
-    role = objects.get(("ClusterRole", name))
-    binding = objects.get(("ClusterRoleBinding", name))
-    policy = objects.get(("ValidatingAdmissionPolicy", name))
-    assert (role is not None, binding is not None, policy is not None) == (idle, idle, idle)
-    if role is not None and binding is not None:
-        assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
-        assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": PLUGIN_SA, "namespace": "dra-gpu"}
-        ]
-    # Together the two events policies judge every Event of the plugin: with idle Events off,
-    # the node policy judges all of them; with them on, it judges those about Nodes and the
-    # idle policy every other one.
+    # PrepareFailed Events go into the claims' namespaces whatever the values: the plugin's own
+    # ClusterRole grants Events everywhere, and no other role is rendered for them.
+    role = objects[("ClusterRole", PLUGIN_SA)]
+    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in role["rules"]
+    rbac = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    assert not [k for k in objects if k[0] in rbac and "events" in k[1]]
+    policy = objects[("ValidatingAdmissionPolicy", CLAIM_EVENTS)]
+    reasons = policy["spec"]["validations"][2]["expression"]
+    assert "'PrepareFailed'" in reasons
+    assert ("'GpuIdle'" in reasons) == idle
+    # Together the two events policies judge every Event of the plugin: the node policy those
+    # about Nodes, the claim policy every other one.
     node_policy = objects[("ValidatingAdmissionPolicy", f"{PLUGIN_SA}-own-node-events")]
     about = {c["name"]: c["expression"] for c in node_policy["spec"]["matchConditions"]}
-    if policy is None:
-        assert "about" not in about
-    else:
-        idle_about = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
-        assert about["about"].replace("==", "!=") == idle_about["about"]
+    claim_about = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+    assert about["about"].replace("==", "!=") == claim_about["about"]
 
 
 @pytest.fixture(scope="module")
@@ -614,7 +623,7 @@ def idle_plugin_identity(
     cluster.create_namespace(TEAM_NS)
     rendered = helm.render(release=IDLE_RELEASE, namespace=IDLE_NS, set_values=IDLE_ON)
     manifest = _identity_manifest(rendered)
-    assert f'"{IDLE_SA}-idle-events"' in manifest
+    assert "GpuIdle" in manifest
     cluster.kubectl("apply", "-f", "-", input=manifest)
     yield plugin_identity
     cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest)
@@ -658,7 +667,7 @@ def test_plugin_posts_its_gpuidle_warnings_about_pods_and_claims_in_any_namespac
     mine = telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-a")
     try:
         wait_for(
-            "RBAC and the idle-events policy to be in force",
+            "RBAC and the claim-events policy to be in force",
             lambda: (
                 _dry_run_post(client, mine)[0] == 200
                 and _dry_run_post(client, {**mine, "reason": "Evicted"})[0] == 403
@@ -696,9 +705,14 @@ def test_plugin_may_post_no_other_event_about_pods_and_claims(
     refused: dict[str, tuple[dict[str, Any], str]] = {
         "another reason": (
             {**mine, "reason": "Evicted"},
-            "may only post GpuIdle Warnings about pods and claims, not Warning Evicted",
+            "may only post PrepareFailed or GpuIdle Warnings about pods and claims, not Warning"
+            " Evicted",
         ),
         "a Normal event": ({**mine, "type": "Normal"}, "not Normal GpuIdle"),
+        "a Normal PrepareFailed": (
+            {**mine, "type": "Normal", "reason": "PrepareFailed"},
+            "not Normal PrepareFailed",
+        ),
         "another node as source": (
             telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-b"),
             "must name its own node as the Event's source.host",
@@ -716,7 +730,7 @@ def test_plugin_may_post_no_other_event_about_pods_and_claims(
     }
     try:
         wait_for(
-            "RBAC and the idle-events policy to be in force",
+            "RBAC and the claim-events policy to be in force",
             lambda: (
                 _dry_run_post(client, mine)[0] == 200
                 and _dry_run_post(client, {**mine, "reason": "Evicted"})[0] == 403
@@ -737,19 +751,129 @@ def test_plugin_may_post_no_other_event_about_pods_and_claims(
     assert status == 403 and "carries no node name" in message, message
 
 
-def test_without_idle_events_the_plugin_may_not_post_them(
+class _ClaimServed:
+    """The plugin's client, but a GET answers ``claim``: the claim a failed prepare reads, with
+    the pod it is reserved for (a real one would need an allocation the test has no scheduler
+    for). Events go to the API server as the plugin's token."""
+
+    def __init__(self, client: KubeClient, claim: dict[str, Any]) -> None:
+        self._client, self._claim = client, claim
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        return self._claim if method == "GET" else self._client.request(method, path, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ref:
+    uid: str
+    namespace: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failed:
+    error: str
+
+
+class _Failing:
+    def prepare(self, refs: Any) -> dict[str, _Failed]:
+        return {r.uid: _Failed("config[0] (FromClaim): sharing.strategy: unknown") for r in refs}
+
+    def unprepare(self, refs: Any) -> dict[str, str]:
+        return {}
+
+
+def _prepare_failed_event(involved: dict[str, str], *, node: str) -> dict[str, Any]:
+    from dra_gpu.prepare import events
+
+    return events.warning_event(
+        involved,
+        namespace=involved["namespace"],
+        reason=events.REASON_PREPARE_FAILED,
+        message="prepare failed",
+        host=node,
+    )
+
+
+def test_plugin_posts_prepare_failures_on_claims_and_pods_of_any_namespace(
+    cluster: Cluster, plugin_of_node_a: KubeClient
+) -> None:
+    # The first release runs without idle-claim Events: PrepareFailed gets through regardless.
+    from dra_gpu.prepare import events
+
+    cluster.create_namespace(TEAM_NS)
+    wait_for(
+        "RBAC and the claim-events policy to be in force",
+        lambda: (
+            _dry_run_post(
+                plugin_of_node_a,
+                _prepare_failed_event(_involved("Pod", "p"), node="policy-node-a"),
+            )[0]
+            == 200
+        ),
+    )
+    claim_uid = str(uuid.uuid4())
+    claim = {
+        "metadata": {"namespace": TEAM_NS, "name": "training", "uid": claim_uid},
+        "status": {"reservedFor": [{"resource": "pods", "name": "trainer-0", "uid": "pod-1"}]},
+    }
+    served = _ClaimServed(plugin_of_node_a, claim)
+    failures = events.FailureEvents(_Failing(), served, node_name="policy-node-a")  # type: ignore[arg-type]
+    failures.prepare([_Ref(claim_uid, TEAM_NS, "training")])
+    failures.close()  # the posts are done
+    stored = json.loads(cluster.kubectl("get", "events", "-n", TEAM_NS, "-o", "json"))["items"]
+    ours = sorted(
+        (e["involvedObject"]["kind"], e["involvedObject"]["name"])
+        for e in stored
+        if e["reason"] == "PrepareFailed"
+        and "sharing.strategy" in e["message"]
+        and e["involvedObject"]["uid"] in (claim_uid, "pod-1")
+    )
+    assert ours == [("Pod", "trainer-0"), ("ResourceClaim", "training")]
+
+
+def test_without_idle_events_the_plugin_may_post_no_other_event_about_pods(
     idle_plugin_identity: object, plugin_of_node_a: KubeClient
 ) -> None:
     # The first release runs without metrics: no GpuIdle anywhere, not even in `default`.
     from dra_gpu.plugin import telemetry_wiring
 
-    in_team = telemetry_wiring.idle_event(_involved("Pod", "p"), IDLE_TEXT, node="policy-node-a")
-    in_default = telemetry_wiring.idle_event(
-        _involved("Pod", "p", namespace="default"), IDLE_TEXT, node="policy-node-a"
+    pod = _involved("Pod", "p")
+    failed = _prepare_failed_event(pod, node="policy-node-a")
+    wait_for(
+        "the claim-events policy to be in force",
+        lambda: _dry_run_post(plugin_of_node_a, {**failed, "reason": "Evicted"})[0] == 403,
     )
-    assert _dry_run_post(plugin_of_node_a, in_team)[0] == 403  # RBAC: default only
-    status, message = _dry_run_post(plugin_of_node_a, in_default)
-    assert status == 403 and "may only post Events about its own Node, not about Pod" in message
+    only = "may only post PrepareFailed Warnings about pods and claims, not Warning"
+    refused: dict[str, tuple[dict[str, Any], str]] = {
+        "GpuIdle in a team's namespace": (
+            telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-a"),
+            f"{only} GpuIdle",
+        ),
+        "GpuIdle in default": (
+            telemetry_wiring.idle_event(
+                _involved("Pod", "p", namespace="default"), IDLE_TEXT, node="policy-node-a"
+            ),
+            f"{only} GpuIdle",
+        ),
+        "another reason": ({**failed, "reason": "Evicted"}, f"{only} Evicted"),
+        "a Normal PrepareFailed": ({**failed, "type": "Normal"}, "not Normal PrepareFailed"),
+        "another node as source": (
+            _prepare_failed_event(pod, node="policy-node-b"),
+            "must name its own node as the Event's source.host",
+        ),
+        "a Secret": (
+            _prepare_failed_event(_involved("Secret", "db-password"), node="policy-node-a"),
+            f"not about Secret {TEAM_NS}/db-password",
+        ),
+    }
+    for what, (event, says) in refused.items():
+        status, message = _dry_run_post(plugin_of_node_a, event)
+        assert status == 403, (what, status, message)
+        assert says in message, (what, message)
+    # About a pod of another namespace: the API server's own validation refuses it.
+    elsewhere = {**failed, "metadata": {**failed["metadata"], "namespace": "default"}}
+    assert _dry_run_post(plugin_of_node_a, elsewhere)[0] == 422
 
 
 def test_plugin_reads_claims_only_by_name(plugin_of_node_a: KubeClient) -> None:

@@ -91,11 +91,11 @@ def test_webhook_kinds_are_bounded() -> None:
 
 
 class FakeClient:
-    def __init__(self, claim: dict[str, Any]) -> None:
+    def __init__(self, claim: dict[str, Any] | None) -> None:
         self.claim = claim
         self.posted: list[dict[str, Any]] = []
 
-    def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+    def request(self, method: str, path: str, **kw: Any) -> dict[str, Any] | None:
         if method == "GET":
             return self.claim
         self.posted.append(kw["body"])
@@ -122,6 +122,26 @@ def test_failure_is_an_event_on_the_claim_and_its_pods_once() -> None:
     involved = [(e["involvedObject"]["kind"], e["involvedObject"]["uid"]) for e in client.posted]
     assert involved == [("ResourceClaim", "bad"), ("Pod", "pod-uid")]
     assert all(e["reason"] == "PrepareFailed" and "n1" in e["message"] for e in client.posted)
+
+
+def test_failure_events_carry_what_the_charts_policy_requires() -> None:
+    # The chart's policy `claim-events` admits a PrepareFailed Warning about a Pod or
+    # ResourceClaim of the Event's own namespace, with source.host the plugin's node and nothing
+    # related: an Event without them is refused in a deployed cluster
+    # (tests/cluster/test_manifests.py).
+    for claim in (CLAIM, None):  # read, or gone by the time the Event is posted
+        client = FakeClient(claim)
+        handler = events.FailureEvents(Handler(), client, node_name="n1")  # type: ignore[arg-type]
+        handler.prepare([Ref("bad")])
+        handler.close()
+        assert client.posted
+        for event in client.posted:
+            assert event["metadata"]["namespace"] == event["involvedObject"]["namespace"] == "ns"
+            assert event["involvedObject"]["kind"] in ("Pod", "ResourceClaim")
+            assert (event["reason"], event["type"]) == ("PrepareFailed", "Warning")
+            assert event["source"]["host"] == "n1"
+            assert "related" not in event
+            assert event.get("reportingInstance", "n1") == "n1"
 
 
 def test_claim_replaced_since_is_named_as_the_kubelet_asked() -> None:

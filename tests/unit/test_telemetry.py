@@ -421,7 +421,7 @@ def test_an_idle_claim_gets_one_event_on_it_and_its_pods_and_a_busy_one_none() -
 
 
 def test_idle_events_carry_what_the_charts_policy_requires() -> None:
-    # The chart's policy `idle-events` admits a GpuIdle Warning about a Pod or ResourceClaim of
+    # The chart's policy `claim-events` admits a GpuIdle Warning about a Pod or ResourceClaim of
     # the Event's own namespace, with source.host the plugin's node and nothing related: an
     # Event without them is refused in a deployed cluster (tests/cluster/test_manifests.py).
     api, sampler, clock = Api(), FakeSampler(), Clock()

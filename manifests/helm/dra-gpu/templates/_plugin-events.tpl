@@ -89,7 +89,7 @@ spec:
   validationActions: [Deny]
 {{- end -}}
 
-{{- /* Node events: about the token's own Node only. */ -}}
+{{- /* Node events: about the token's own Node only, in `default`. */ -}}
 {{- define "dra-gpu.ownNodeEventChecks" -}}
 - expression: variables.involvedKind == 'Node' && variables.involvedName == variables.tokenNode
   messageExpression: >-
@@ -97,21 +97,32 @@ spec:
     ' may only post Events about its own Node, not about ' +
     variables.involvedKind + ' ' + variables.involvedName
   reason: Forbidden
+- expression: request.namespace == 'default'
+  messageExpression: >-
+    "the kubelet plugin posts its Node's Events in namespace default, not in " + request.namespace
+  reason: Forbidden
 {{- end -}}
 
-{{- /* Idle claims: a GpuIdle Warning on a pod or a claim, in that object's namespace. */ -}}
-{{- define "dra-gpu.idleEventChecks" -}}
+{{- /*
+Pods and claims: a Warning of a reason the plugin posts about them, in that object's namespace:
+PrepareFailed always (prepare/events.py), GpuIdle while idle-claim Events are on.
+*/ -}}
+{{- define "dra-gpu.claimEventChecks" -}}
+{{- $reasons := list "PrepareFailed" -}}
+{{- if include "dra-gpu.idleEvents" . }}{{ $reasons = append $reasons "GpuIdle" }}{{ end -}}
+{{- $said := join " or " $reasons -}}
 - expression: >-
-    object.?reason.orValue('') == 'GpuIdle' && object.?type.orValue('') == 'Warning'
+    object.?reason.orValue('') in ['{{ join "', '" $reasons }}'] &&
+    object.?type.orValue('') == 'Warning'
   messageExpression: >-
-    'the kubelet plugin may only post GpuIdle Warnings about pods and claims, not ' +
+    'the kubelet plugin may only post {{ $said }} Warnings about pods and claims, not ' +
     object.?type.orValue('') + ' ' + object.?reason.orValue('')
   reason: Forbidden
 - expression: >-
     variables.involvedKind in ['Pod', 'ResourceClaim'] &&
     object.involvedObject.?namespace.orValue('') == request.namespace
   messageExpression: >-
-    "the kubelet plugin may only post GpuIdle Warnings about pods and claims of the Event's" +
+    "the kubelet plugin may only post {{ $said }} Warnings about pods and claims of the Event's" +
     ' namespace, not about ' + variables.involvedKind + ' ' +
     object.involvedObject.?namespace.orValue('') + '/' + variables.involvedName
   reason: Forbidden
