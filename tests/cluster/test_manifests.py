@@ -902,7 +902,7 @@ def test_plugin_role_grants_driver_status_only_where_the_server_checks_it(
     version: str, granular: bool
 ) -> None:
     rules = _plugin_rules(version)
-    assert {"resources": ["resourceclaims/status"], "verbs": ["update"]}.items() <= next(
+    assert {"resources": ["resourceclaims/status"], "verbs": ["patch", "update"]}.items() <= next(
         r for r in rules if r["resources"] == ["resourceclaims/status"]
     ).items()
     driver_rules = [r for r in rules if r["resources"] == ["resourceclaims/driver"]]
