@@ -1,11 +1,13 @@
 """Which claims (and which pods of shared claims) have left their GPUs idle, and for how long
 (pure: the telemetry loop feeds it a :class:`UsageView` and the time).
 
-* A claim is busy while any of its devices is at or above the utilization threshold; when one
-  of its devices is also held by another claim (admin access), its own pods' processes
-  count instead of the device's utilization.
-* A pod of a claim shared by several pods is busy while its own processes' SM share is at or
-  above the threshold; under MPS (no per-process share) while it has a process on the GPU.
+* A claim is busy while any of its devices is at or above the utilization threshold (a device
+  without utilization, MIG: while it has a process). On a device several claims hold
+  (consumable shares, admin access) only the claim's own pods' processes count there, never the
+  device's utilization, which is the other holders' work too.
+* Processes -- a pod's, or a claim's on a device it does not hold alone -- are busy while their
+  SM share is at or above the threshold; where there is no per-process share (under MPS the
+  server holds all the samples; MIG) while there is a process.
 * A claim or pod idle for ``idle_after_s`` is reported once (:meth:`IdleTracker.observe`
   returns it); work clears it, and a later idle period is reported again. A device whose
   sample failed makes its claim unknown: its idle time starts over, so a wedged NVML never
@@ -14,6 +16,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -46,10 +49,6 @@ class Idle:
     seconds: float
 
 
-def _busy_ratio(value: float | None, threshold: float) -> bool:
-    return value is not None and value >= threshold
-
-
 def activity(
     view: UsageView, *, threshold: float, pods: Mapping[str, Mapping[str, PodRef]]
 ) -> dict[Subject, Activity]:
@@ -57,43 +56,38 @@ def activity(
     whose devices could not be read are left out."""
     by_claim: dict[str, list[DeviceRow]] = {}
     holders: dict[str, Holder] = {}
-    shared_device: set[str] = set()
-    claims_of: dict[str, set[str]] = {}
     for row in view.devices:
         if row.claim is not None:
             by_claim.setdefault(row.claim.claim_uid, []).append(row)
             holders[row.claim.claim_uid] = row.claim
+    # Every claim holding the device, whether its pods run processes or not: with several,
+    # the device's utilization says nothing about any one of them.
+    holding = Counter(r.device.name for r in view.devices if r.claim is not None)
     pod_rows: dict[tuple[str, str], list[PodRow]] = {}
     for pod_row in view.pods:
         if pod_row.claim is not None:
             pod_rows.setdefault((pod_row.claim.claim_uid, pod_row.pod_uid), []).append(pod_row)
-            claims_of.setdefault(pod_row.device.name, set()).add(pod_row.claim.claim_uid)
-    shared_device = {name for name, claims in claims_of.items() if len(claims) > 1}
     out: dict[Subject, Activity] = {}
     for claim_uid, rows in by_claim.items():
         if any(r.usage.error for r in rows):
             continue
         holder = holders[claim_uid]
         mine = [r for (c, _p), rs in pod_rows.items() if c == claim_uid for r in rs]
-        processes = sum(r.processes for r in mine)
         busy = any(
-            _busy_ratio(r.usage.utilization_ratio, threshold)
+            _device_busy(r, threshold)
+            if holding[r.device.name] == 1
+            else _pod_busy([p for p in mine if p.device.name == r.device.name], threshold)
             for r in rows
-            if r.device.name not in shared_device
-        ) or any(
-            _pod_busy([r], threshold, mps=holder.mps)
-            for r in mine
-            if r.device.name in shared_device
         )
         names = tuple(sorted(r.device.name for r in rows))
-        out[Subject(claim_uid)] = Activity(busy, processes, names, holder)
+        out[Subject(claim_uid)] = Activity(busy, sum(r.processes for r in mine), names, holder)
         known = pods.get(claim_uid, {})
         if len(known) < 2:
             continue
         for pod_uid, ref in sorted(known.items()):
             own = pod_rows.get((claim_uid, pod_uid), [])
             out[Subject(claim_uid, pod_uid)] = Activity(
-                busy=_pod_busy(own, threshold, mps=holder.mps),
+                busy=_pod_busy(own, threshold),
                 processes=sum(r.processes for r in own),
                 devices=names,
                 claim=holder,
@@ -102,10 +96,20 @@ def activity(
     return out
 
 
-def _pod_busy(rows: Sequence[PodRow], threshold: float, *, mps: bool) -> bool:
-    if mps:
-        return any(r.processes for r in rows)
-    return _busy_ratio(sum(r.utilization_ratio or 0.0 for r in rows), threshold)
+def _device_busy(row: DeviceRow, threshold: float) -> bool:
+    """A device its claim holds alone: its utilization; a process when it has none (MIG)."""
+    if row.usage.utilization_ratio is None:
+        return bool(row.usage.processes)
+    return row.usage.utilization_ratio >= threshold
+
+
+def _pod_busy(rows: Sequence[PodRow], threshold: float) -> bool:
+    """Processes of one pod or claim: their SM share; a process when the share is not known
+    (MPS, where the server holds all the samples, or a MIG device)."""
+    shares = [r.utilization_ratio for r in rows if r.utilization_ratio is not None]
+    if shares:
+        return sum(shares) >= threshold
+    return any(r.processes for r in rows)
 
 
 class IdleTracker:

@@ -2,17 +2,22 @@
 
 Input: the published devices, one :class:`DeviceUsage` per device name, the claims prepared on
 this node (from the checkpoint: :func:`holders`) and the pods each claim is reserved for (a
-cache fed from the API server). Output: a :class:`UsageView`, one :class:`DeviceRow` per device
-and one :class:`PodRow` per (device, pod) with processes on it, which the collector turns into
-Prometheus series and the idle tracker into activity.
+cache fed from the API server). Output: a :class:`UsageView`, one :class:`DeviceRow` per
+(device, claim holding it) -- one with no claim for a free device -- and one :class:`PodRow` per
+(device, pod) with processes on it, which the collector turns into Prometheus series and the
+idle tracker into activity.
 
 Rules:
 
-* A device held by several claims (admin access next to a user's claim) is labelled with the
-  claim that is not admin access; the processes of each pod still go to that pod's claim.
-* A process is attributed by the pod UID of its cgroup. A pod the claims' ``reservedFor``
-  does not name keeps its UID with empty namespace and name; processes outside any pod
-  (no pod UID) are one row with an empty UID: someone uses the GPU outside Kubernetes.
+* A device held by several claims (consumable shares, admin access next to a user's claim) has
+  a row for each claim, with the same sample: every holder is named, none stands for the others.
+  Claims not admin access come first.
+* A process is attributed by the pod UID of its cgroup to the claim whose ``reservedFor`` names
+  that pod. A pod no claim of the device names keeps its UID with empty namespace and name; it
+  is counted for the device's claim when there is one, for none when several hold the device
+  (which share it belongs to is not known, and guessing would make an idle share read busy).
+  Processes outside any pod (no pod UID) are one row with an empty UID and no claim: someone
+  uses the GPU outside Kubernetes.
 * Under MPS the SM samples all go to the MPS server, so a pod of an MPS claim has no
   utilization (None), only memory and the compute share its claim configured; its device's
   utilization is the whole GPU's.
@@ -129,9 +134,8 @@ def holders(claims: Mapping[str, ClaimRecord], *, pool: str) -> dict[str, list[H
     return out
 
 
-def _primary(held: Sequence[Holder]) -> Holder | None:
-    ordered = sorted(held, key=lambda h: (h.admin_access, h.namespace, h.name))
-    return ordered[0] if ordered else None
+def _ordered(held: Sequence[Holder]) -> list[Holder]:
+    return sorted(held, key=lambda h: (h.admin_access, h.namespace, h.name, h.claim_uid))
 
 
 def build_view(
@@ -150,17 +154,21 @@ def build_view(
         sample = usage.get(device.name)
         if sample is None:
             continue
-        claims = held.get(device.name, ())
-        primary = _primary(claims)
-        device_rows.append(DeviceRow(device, sample, primary))
+        claims = _ordered(held.get(device.name, ()))
+        named: list[Holder | None] = [*claims] or [None]  # a free device: one unlabelled row
+        device_rows.extend(DeviceRow(device, sample, c) for c in named)
+        only = claims[0] if len(claims) == 1 else None
         by_pod: dict[str, list[ProcessUsage]] = {}
         for process in sample.processes:
             by_pod.setdefault(process.pod_uid or "", []).append(process)
         for pod_uid, processes in sorted(by_pod.items()):
             claim = next((c for c in claims if pod_uid in pods.get(c.claim_uid, {})), None)
-            if claim is None and pod_uid and primary is not None:
-                unknown.setdefault(primary.claim_uid, set()).add(pod_uid)
-            owner = claim or primary
+            if claim is None and pod_uid:
+                # The pod may have joined one of these claims after its prepare: each is
+                # read again (ClaimPods bounds how often).
+                for c in claims:
+                    unknown.setdefault(c.claim_uid, set()).add(pod_uid)
+            owner = claim or only
             pod = pods.get(claim.claim_uid, {}).get(pod_uid) if claim else None
             pod_rows.append(
                 PodRow(

@@ -95,6 +95,7 @@ def record(
     mps: bool = False,
     admin: bool = False,
     pool: str = NODE,
+    share: str | None = None,
 ) -> ClaimRecord:
     config: dict[str, Any] = {"sharing": {"strategy": "MPS" if mps else "TimeSlicing"}}
     if mps:
@@ -104,7 +105,14 @@ def record(
         namespace="team",
         name=name,
         devices=tuple(
-            DeviceRecord(pool=pool, device=d, config=config, admin_access=admin)
+            DeviceRecord(
+                pool=pool,
+                device=d,
+                config=config,
+                admin_access=admin,
+                share_id=share,
+                consumed={"memory": 40 << 30} if share else None,
+            )
             for d in device_names
         ),
     )
@@ -207,14 +215,43 @@ def test_a_pod_the_claim_does_not_name_is_kept_by_uid_and_asked_about() -> None:
     assert view.unknown_pods == {"u1": frozenset({POD_B})}
 
 
-def test_an_admin_access_claim_does_not_take_the_device_label() -> None:
+def test_an_admin_access_claim_is_named_next_to_the_users_claim_not_instead() -> None:
     held = usage_series.holders(
         {"u0": record("admin", "gpu-0", admin=True), "u1": record("user", "gpu-0")}, pool=NODE
     )
     view = usage_series.build_view(
         node=NODE, devices=devices(), usage={"gpu-0": usage(0.0)}, held=held, pods={}
     )
-    assert view.devices[0].labels["claim_name"] == "user"
+    assert [r.labels["claim_name"] for r in view.devices] == ["user", "admin"]
+
+
+def test_every_share_of_a_gpu_has_its_device_series_and_its_own_pods() -> None:
+    held = usage_series.holders(
+        {"u1": record("a", "gpu-0", share="s-1"), "u2": record("b", "gpu-0", share="s-2")},
+        pool=NODE,
+    )
+    stranger = "11111111-2222-4333-8444-555555555555"
+    view = usage_series.build_view(
+        node=NODE,
+        devices=devices(),
+        usage={
+            "gpu-0": usage(
+                0.7, ProcessUsage(10, POD_A, 2 << 30, 0.7), ProcessUsage(5, stranger, 1, 0.0)
+            )
+        },
+        held=held,
+        pods=pods(u1={POD_A: "a-0"}, u2={POD_B: "b-0"}),
+    )
+    s = scrape(telemetry.Snapshot(view))
+    for name in ("a", "b"):
+        assert series(s, "dra_gpu_device_utilization_ratio", device="gpu-0", claim_name=name) == [
+            0.7
+        ]
+    assert series(s, "dra_gpu_pod_memory_used_bytes", claim_name="a", pod_name="a-0") == [2 << 30]
+    assert series(s, "dra_gpu_pod_processes", claim_name="b") == []
+    # a pod neither share names is counted for neither; both are asked about it
+    assert series(s, "dra_gpu_pod_processes", pod_uid=stranger, claim_name="") == [1]
+    assert view.unknown_pods == {"u1": frozenset({stranger}), "u2": frozenset({stranger})}
 
 
 # --- the collector -------------------------------------------------------------------------
@@ -456,6 +493,56 @@ def test_the_idle_pod_of_a_shared_claim_gets_the_event_alone() -> None:
         clock.t += 10
     assert [(o["kind"], o["name"]) for o, _ in api.events] == [("Pod", "idle")]
     assert "in pod idle" in api.events[0][1] and "1 process" in api.events[0][1]
+
+
+@pytest.mark.parametrize("mps", [False, True])
+def test_of_two_shares_of_a_gpu_the_idle_one_gets_gpu_idle_and_the_busy_one_not(
+    mps: bool,
+) -> None:
+    api, sampler, clock = Api(), FakeSampler(), Clock()
+    api.claims["busy"] = claim_json("u1", "busy", (POD_A, "trainer"))
+    api.claims["idle"] = claim_json("u2", "idle", (POD_B, "notebook"))
+    claims = {
+        "u1": record("busy", "gpu-0", mps=mps, share="s-1"),
+        "u2": record("idle", "gpu-0", mps=mps, share="s-2"),
+    }
+    # The GPU is busy with the trainer's work; under MPS its client reads 0 (the server has the
+    # samples) and the server runs in the plugin's pod, which neither claim names.
+    server = "11111111-2222-4333-8444-555555555555"
+    sampler.now["gpu-0"] = usage(
+        0.9,
+        ProcessUsage(10, POD_A, 2 << 30, 0.0 if mps else 0.9),
+        *([ProcessUsage(5, server, 30 << 20, 0.9)] if mps else []),
+    )
+    t = loop(api, sampler, claims, clock, idle_after_s=60)
+    for _ in range(7):
+        t.run_once()
+        clock.t += 10
+    assert [(o["kind"], o["name"]) for o, _ in api.events] == [
+        ("ResourceClaim", "idle"),
+        ("Pod", "notebook"),
+    ]
+    assert api.events[0][1].startswith("GPU gpu-0 idle for 1m, 0 processes (claim team/idle")
+    s = scrape(t.snapshot)
+    assert series(s, "dra_gpu_claim_idle_seconds", claim_name="idle") == [60]
+    assert series(s, "dra_gpu_claim_idle_seconds", claim_name="busy") == [0]
+
+
+def test_a_claim_alone_on_a_gpu_without_utilization_is_busy_while_it_has_a_process() -> None:
+    mig = next(d for d in devices("a100x4-mig") if d.mig is not None)
+    held = usage_series.holders({"u1": record("m", mig.name)}, pool=NODE)
+    seen: dict[str, bool] = {}
+    for name, processes in (("working", (ProcessUsage(10, POD_A, 1 << 30),)), ("idle", ())):
+        view = usage_series.build_view(
+            node=NODE,
+            devices=[mig],
+            usage={mig.name: usage(None, *processes)},
+            held=held,
+            pods=pods(u1={POD_A: "p"}),
+        )
+        (act,) = idle_claims.activity(view, threshold=0.01, pods={}).values()
+        seen[name] = act.busy
+    assert seen == {"working": True, "idle": False}
 
 
 def test_a_failing_sample_never_makes_a_claim_idle() -> None:

@@ -138,6 +138,62 @@ def plugin_pod(name: str, port: int | None = 9464) -> dict[str, Any]:
     }
 
 
+def test_two_shares_of_one_gpu_are_two_rows_each_with_its_own_use() -> None:
+    backend = simulated.SimulatedBackend(
+        profile=simulated.BUILTIN_PROFILES["h200x8"], node_name="node-a"
+    )
+    devices = naming.build_devices(backend.discover().gpus)[:1]
+    busy = usage_series.Holder("u1", "team", "train")
+    idle = usage_series.Holder("u2", "team", "notebook")
+    view = usage_series.build_view(
+        node="node-a",
+        devices=devices,
+        usage={
+            "gpu-0": DeviceUsage(
+                0.85,
+                3 * GIB,
+                150754820096,
+                processes=(ProcessUsage(1, POD_A, 2 * GIB, 0.85), ProcessUsage(2, None, GIB, 0.0)),
+            )
+        },
+        held={"gpu-0": [busy, idle]},
+        pods={
+            "u1": {POD_A: usage_series.PodRef("team", "train-0")},
+            "u2": {POD_B: usage_series.PodRef("team", "notebook-0")},
+        },
+    )
+    snapshot = telemetry.Snapshot(
+        view,
+        idle=(
+            telemetry.IdleNow(
+                idle_claims.Subject("u2"),
+                idle_claims.Activity(False, 0, ("gpu-0",), idle),
+                90.0,
+            ),
+            telemetry.IdleNow(
+                idle_claims.Subject("u1"),
+                idle_claims.Activity(True, 1, ("gpu-0",), busy),
+                0.0,
+            ),
+        ),
+    )
+    registry = CollectorRegistry()
+    registry.register(TelemetryCollector(lambda: snapshot))
+    text = generate_latest(registry).decode()
+    found = rows.build_rows(source.parse_text(text), namespace="team", node=None)
+    assert rows.table(found).splitlines()[1:] == [
+        "node-a   gpu-0    NVIDIA H200   team/notebook   (no pod)           0%     0/140.4Gi"
+        "       1m30s",
+        "node-a   gpu-0    NVIDIA H200   team/train      (no pod),train-0   85%    2.0Gi/140.4Gi"
+        "   -",
+    ]
+    items = json.loads(rows.to_json(found))["items"]
+    assert [(i["claim"], i["claims_on_device"], i["utilization"]) for i in items] == [
+        ("team/notebook", 2, 0.85),
+        ("team/train", 2, 0.85),
+    ]
+
+
 def test_plugins_are_read_through_the_pod_proxy_and_unreadable_ones_warned_about() -> None:
     proxy = "/api/v1/namespaces/dra-gpu/pods/{}:9464/proxy/metrics"
     client = Client(
