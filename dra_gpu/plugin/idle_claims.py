@@ -8,6 +8,7 @@
 * Processes -- a pod's, or a claim's on a device it does not hold alone -- are busy while their
   SM share is at or above the threshold; where there is no per-process share (under MPS the
   server holds all the samples; MIG) while there is a process.
+* An admin-access claim (monitoring) is never a subject: it holds a GPU without computing.
 * A claim or pod idle for ``idle_after_s`` is reported once (:meth:`IdleTracker.observe`
   returns it); work clears it, and a later idle period is reported again. A device whose
   sample failed makes its claim unknown: its idle time starts over, so a wedged NVML never
@@ -72,6 +73,8 @@ def activity(
         if any(r.usage.error for r in rows):
             continue
         holder = holders[claim_uid]
+        if holder.admin_access:
+            continue  # a monitoring claim runs no compute by design: it is never "idle"
         mine = [r for (c, _p), rs in pod_rows.items() if c == claim_uid for r in rs]
         busy = any(
             _device_busy(r, threshold)

@@ -223,6 +223,9 @@ def test_an_admin_access_claim_is_named_next_to_the_users_claim_not_instead() ->
         node=NODE, devices=devices(), usage={"gpu-0": usage(0.0)}, held=held, pods={}
     )
     assert [r.labels["claim_name"] for r in view.devices] == ["user", "admin"]
+    # The monitoring claim computes nothing by design: never reported idle; the user's is.
+    subjects = idle_claims.activity(view, threshold=0.01, pods={})
+    assert [s.claim_uid for s in subjects] == ["u1"]
 
 
 def test_every_share_of_a_gpu_has_its_device_series_and_its_own_pods() -> None:
