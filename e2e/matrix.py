@@ -211,10 +211,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.matrix", description=__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / ".out" / "matrix")
     parser.add_argument("--docs", type=Path, help="keep the result in this file's matrix block")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="a version whose report an earlier run left in --out is read, not run again "
+        "(to run the versions one at a time as their builds finish)",
+    )
     args = parser.parse_args(argv)
     versions = versions_from(os.environ.get("K8S_VERSIONS"))
     scenarios = [s.name for s in SCENARIOS]
-    results = complete({v: run_version(v, args.out / v) for v in versions}, scenarios)
+
+    def outcome(version: str) -> Mapping[str, Outcome]:
+        junit = args.out / version / "junit.xml"
+        if args.reuse and junit.is_file():
+            print(f"[matrix] {version}: the report of an earlier run, {junit}", flush=True)
+            return parse_junit(junit.read_text())
+        return run_version(version, args.out / version)
+
+    results = complete({v: outcome(v) for v in versions}, scenarios)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     block = report(results, scenarios, commit=_commit(), date=date)
     print(block, flush=True)
