@@ -1,7 +1,8 @@
 """Fleet scale: N simulated nodes on the real control plane, and the driver's share of the cost.
 
-Usage: ``.venv/bin/python bench/scale.py [--nodes 100] [--layouts static,minimal,mig,dynamic-mig]
-[--pods K] [--rate 50] [--steady-s 60] [--workers 2]``
+Usage: ``.venv/bin/python bench/scale.py [--nodes 100]
+[--layouts static,minimal,mig,dynamic-mig,consumable] [--pods K] [--rate 50] [--steady-s 60]
+[--workers 2]``
 
 Set-up, once for all layouts (so their figures are comparable): the harness's etcd, API server,
 scheduler and controller-manager (``e2e.cluster.Cluster``; the controller-manager's and
@@ -35,7 +36,8 @@ Per layout (``bench/scale_layouts.py``), in the order given:
    record when each is bound and allocated. pods/s = K / (first creation .. last bound); p50/p99
    of pod created -> claim allocated.
 5. ``dra-gpu explain`` of the workload's template over the whole cluster (a process; timed).
-6. Clean-up: pods, claims and slices deleted before the next layout.
+6. Clean-up: pods, claims and slices deleted (the slices beside the workload) before the next
+   layout.
 
 Prints one table (a row per figure, a column per layout) and ends with a line per layout
 ``LAYOUT: N pods in S s, R pods/s``.
@@ -218,7 +220,7 @@ def create_nodes(client: KubeClient, names: Sequence[str]) -> None:
         f"{len(names)} kwok nodes Ready",
         lambda: ready_nodes(client) >= len(names),
         timeout=max(300.0, 1.0 * len(names)),  # kwok readies a few nodes a second here
-        every=2.0,
+        every=1.0,
     )
 
 
@@ -292,28 +294,34 @@ def webhook_figures(
     def create(i: int) -> None:
         client.call("POST", wh.CLAIMS, query={"dryRun": "All"}, body=wh.claim(i))
 
+    # Every rate with the webhook, then every rate without it: one registration and one
+    # removal to wait for, not one per rate.
+    register_webhook(client, port, ca, namespaces)
+    with_hook = [_paced_creates(create, rate) for rate in rates]
+    wh.unregister(client)
+    without = [_paced_creates(create, rate) for rate in rates]
     out = []
-    for rate in rates:
-        count = int(rate * WEBHOOK_SECONDS)
-        register_webhook(client, port, ca, namespaces)
-        paced(wh.WARMUP, rate, create)
-        with_hook, errs_with, span = paced(count, rate, create)
-        wh.unregister(client)
-        paced(wh.WARMUP, rate, create)
-        without, errs_without, _ = paced(count, rate, create)
+    for rate, (hooked, errs_with, span), (alone, errs_without, _) in zip(
+        rates, with_hook, without, strict=True
+    ):
         out.append(
             WebhookFigure(
                 rate=rate,
-                with_p50=sl.percentile(with_hook, 0.5),
-                with_p99=sl.percentile(with_hook, 0.99),
-                without_p50=sl.percentile(without, 0.5),
-                without_p99=sl.percentile(without, 0.99),
+                with_p50=sl.percentile(hooked, 0.5),
+                with_p99=sl.percentile(hooked, 0.99),
+                without_p50=sl.percentile(alone, 0.5),
+                without_p99=sl.percentile(alone, 0.99),
                 errors=errs_with + errs_without,
-                achieved=sl.rate(len(with_hook) - 1, span),
+                achieved=sl.rate(len(hooked) - 1, span),
             )
         )
         log(f"webhook at {rate}/s: {out[-1]}")
     return out
+
+
+def _paced_creates(create: Callable[[int], None], rate: float) -> tuple[list[float], int, float]:
+    paced(wh.WARMUP, rate, create)
+    return paced(int(rate * WEBHOOK_SECONDS), rate, create)
 
 
 # ----- the machine ----------------------------------------------------------------------------
@@ -421,6 +429,13 @@ class Workers:
             for call, n in self._read(proc, "counts").items():
                 total[call] = total.get(call, 0) + int(n)
         return total
+
+    def restart(self) -> None:
+        """New publishers in place of the running ones (a restart of every node's plugin;
+        the processes stay, which is the benchmark's own); ``go`` starts them."""
+        self._send("restart")
+        for proc in self._procs:
+            self._read(proc, "ready")
 
     def kill(self) -> None:
         """End the workers at once (their reads then fail); ``stop`` still reaps them."""
@@ -543,8 +558,11 @@ def run_workload(client: KubeClient, layout: sl.Layout, pods: int, rate: float) 
     wanted = pods - create_errors
     deadline = time.monotonic() + max(120.0, 4.0 * pods / rate)
     while len(bound.when) < wanted and time.monotonic() < deadline:
-        time.sleep(0.5)
-    time.sleep(1.0)  # allocations seen after the last binding
+        time.sleep(0.1)
+    # A claim is allocated before its pod is bound, but its watch event may come after.
+    settle = time.monotonic() + 2.0
+    while len(allocated.when) < len(bound.when) and time.monotonic() < settle:
+        time.sleep(0.1)
     for tracker in (bound, allocated, claimed):
         tracker.stop.set()
     done = [bound.when[p] for p in created if p in bound.when]
@@ -566,27 +584,37 @@ def run_workload(client: KubeClient, layout: sl.Layout, pods: int, rate: float) 
     )
 
 
-def clean_up(cluster: Cluster, client: KubeClient, layout: sl.Layout) -> None:
-    # Collection deletes through the API (not kubectl, whose 120 s limit a loaded API server
-    # with a thousand pods exceeded, ending the whole run).
+def _delete_all(client: KubeClient, path: str, what: str, query: Mapping[str, str]) -> None:
+    client.request("DELETE", path, query=query, timeout_s=600)
+    waiting.wait_for(
+        f"{what} to be gone",
+        lambda: not client.request("GET", path, query={"limit": "1"}).get("items"),
+        timeout=300,
+        every=0.5,
+    )
+
+
+def clean_up(client: KubeClient, layout: sl.Layout) -> float:
+    """Delete the layout's pods and claims, and all slices; seconds it took.
+
+    Collection deletes through the API (not kubectl, whose 120 s limit a loaded API server with
+    a thousand pods exceeded, ending the whole run). The slices and the workload go in parallel:
+    neither waits for the other (the claims' deallocation needs no slice), and the slices of a
+    large layout take as long to delete as the claims."""
     ns = ns_of(layout)
-    force = {"gracePeriodSeconds": "0"}
-    client.request("DELETE", f"/api/v1/namespaces/{ns}/pods", query=force, timeout_s=600)
-    claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
-    client.request("DELETE", claims, timeout_s=600)
-    waiting.wait_for(
-        "the workload's claims to be gone",
-        lambda: not client.request("GET", claims, query={"limit": "1"}).get("items"),
-        timeout=300,
-        every=2.0,
-    )
-    client.request("DELETE", SLICES, timeout_s=600)
-    waiting.wait_for(
-        "the slices to be gone",
-        lambda: not client.request("GET", SLICES, query={"limit": "1"}).get("items"),
-        timeout=300,
-        every=2.0,
-    )
+    start = time.monotonic()
+
+    def workload() -> None:
+        force = {"gracePeriodSeconds": "0"}
+        client.request("DELETE", f"/api/v1/namespaces/{ns}/pods", query=force, timeout_s=600)
+        claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+        _delete_all(client, claims, "the workload's claims", {})
+
+    with ThreadPoolExecutor(2) as pool:
+        done = [pool.submit(workload), pool.submit(_delete_all, client, SLICES, "the slices", {})]
+        for future in done:
+            future.result()
+    return time.monotonic() - start
 
 
 def explain_seconds(kubeconfig: Path, layout: sl.Layout, workdir: Path) -> float:
@@ -689,7 +717,7 @@ def run_layout(
     finally:
         guard.watch(None)
     log("before clean-up:\n" + "\n".join(table([fig], len(nodes))))  # kept if clean-up fails
-    clean_up(cluster, client, layout)
+    log(f"{layout.name}: cleaned up in {clean_up(client, layout):.1f} s")
     return fig
 
 
@@ -724,20 +752,18 @@ def _measure(
         fig.after = memory(cluster, pids)
         if steady:
             steady_state(fig, cluster, workers, seconds=args.steady_s, nodes=len(nodes))
-    finally:
-        workers.stop()
-    log(f"{layout.name}: restarting the publishers over their slices")
-    workers = Workers(cluster.kubeconfig, layout, nodes, args.workers, workdir)
-    guard.watch(workers)
-    try:
+        log(f"{layout.name}: restarting the publishers over their slices")
+        workers.restart()
         start, synced = workers.go()
         fig.republish_s = max(synced) - start
+        log(f"{layout.name}: restarted publishers in sync in {fig.republish_s:.1f} s")
         counts = workers.counts()
         fig.rewrites = sum(counts.get(k, 0) for k in ("POST resourceslices", "PUT resourceslices"))
         log(f"{layout.name}: workload of {args.pods} pods at {args.rate}/s")
         fig.workload = run_workload(client, layout, args.pods, args.rate)
         log(f"{layout.name}: {fig.workload}")
         fig.explain_s = explain_seconds(cluster.kubeconfig, layout, workdir)
+        log(f"{layout.name}: dra-gpu explain took {fig.explain_s:.1f} s")
         fig.load = os.getloadavg()
     finally:
         workers.stop()
@@ -869,7 +895,7 @@ def classes_present(client: KubeClient) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=100)
-    parser.add_argument("--layouts", default="static,minimal,mig,dynamic-mig")
+    parser.add_argument("--layouts", default="static,minimal,mig,dynamic-mig,consumable")
     parser.add_argument("--pods", type=int, help="pods per layout (default: one per node)")
     parser.add_argument("--rate", type=float, default=50.0, help="pod creations per second")
     parser.add_argument("--steady-s", type=float, default=60.0)
