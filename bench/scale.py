@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -84,7 +85,10 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 TEMPLATE = "one-device"
 CLIENT_LIMITS = ["--kube-api-qps=1000", "--kube-api-burst=2000"]
-WEBHOOK_SECONDS = 5.0
+# Claim creates per rate: WEBHOOK_SECONDS at the rate, at least WEBHOOK_MIN_CREATES (so that
+# p99 is not the slowest of a few).
+WEBHOOK_SECONDS = 3.0
+WEBHOOK_MIN_CREATES = 250
 SENDERS = 24  # threads sending paced creates (webhook and pods)
 
 
@@ -321,7 +325,7 @@ def webhook_figures(
 
 def _paced_creates(create: Callable[[int], None], rate: float) -> tuple[list[float], int, float]:
     paced(wh.WARMUP, rate, create)
-    return paced(int(rate * WEBHOOK_SECONDS), rate, create)
+    return paced(max(WEBHOOK_MIN_CREATES, int(rate * WEBHOOK_SECONDS)), rate, create)
 
 
 # ----- the machine ----------------------------------------------------------------------------
@@ -371,7 +375,10 @@ class MemoryGuard:
 
 
 class Workers:
-    """The publisher processes of one layout, nodes dealt out round-robin."""
+    """The publisher processes of one layout, nodes dealt out round-robin.
+
+    Made, they start in the background (imports, one client per node); ``go`` first waits for
+    them to be ready. So the next layout's workers get ready while this one's clean-up runs."""
 
     def __init__(
         self, kubeconfig: Path, layout: sl.Layout, nodes: Sequence[str], count: int, logdir: Path
@@ -394,8 +401,13 @@ class Workers:
                     argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
                 )
             )
-        for proc in self._procs:
-            self._read(proc, "ready")
+        self._ready = False
+
+    def _wait_ready(self) -> None:
+        if not self._ready:
+            for proc in self._procs:
+                self._read(proc, "ready")
+            self._ready = True
 
     def _read(self, proc: subprocess.Popen[str], key: str) -> Any:
         assert proc.stdout is not None
@@ -415,6 +427,7 @@ class Workers:
 
     def go(self) -> tuple[float, list[float]]:
         """Start every publisher; (unix time of the start, time each node was published)."""
+        self._wait_ready()
         start = time.time()
         self._send("go")
         synced: list[float] = []
@@ -434,8 +447,8 @@ class Workers:
         """New publishers in place of the running ones (a restart of every node's plugin;
         the processes stay, which is the benchmark's own); ``go`` starts them."""
         self._send("restart")
-        for proc in self._procs:
-            self._read(proc, "ready")
+        self._ready = False
+        self._wait_ready()
 
     def kill(self) -> None:
         """End the workers at once (their reads then fail); ``stop`` still reaps them."""
@@ -695,9 +708,12 @@ def run_layout(
     pids: Mapping[str, int],
     workdir: Path,
     guard: MemoryGuard,
-) -> Figures:
-    """The layout's figures; a run the guard stopped (or a worker that died) keeps those it
-    has, and the reason."""
+    workers: Workers,
+    spawn_next: Callable[[], Workers | None],
+) -> tuple[Figures, Workers | None]:
+    """The layout's figures, measured with ``workers`` (this layout's publishers, not started
+    yet); a run the guard stopped (or a worker that died) keeps those it has, and the reason.
+    The next layout's workers (``spawn_next``) are started before the clean-up and returned."""
     fig = Figures(layout)
     try:
         _measure(
@@ -708,6 +724,7 @@ def run_layout(
             nodes=nodes,
             args=args,
             pids=pids,
+            workers=workers,
             workdir=workdir,
             guard=guard,
         )
@@ -716,9 +733,11 @@ def run_layout(
         log(f"{layout.name}: stopped: {fig.stopped}")
     finally:
         guard.watch(None)
+        workers.stop()
     log("before clean-up:\n" + "\n".join(table([fig], len(nodes))))  # kept if clean-up fails
+    following = spawn_next()
     log(f"{layout.name}: cleaned up in {clean_up(client, layout):.1f} s")
-    return fig
+    return fig, following
 
 
 def _measure(
@@ -730,6 +749,7 @@ def _measure(
     nodes: Sequence[str],
     args: argparse.Namespace,
     pids: Mapping[str, int],
+    workers: Workers,
     workdir: Path,
     guard: MemoryGuard,
 ) -> None:
@@ -740,33 +760,29 @@ def _measure(
     fig.kib_per_node = len(json.dumps(sample)) / 1024
     client.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns_of(layout)}})
     fig.before = memory(cluster, pids)
-    log(f"{layout.name}: starting {args.workers} publisher workers for {len(nodes)} nodes")
-    workers = Workers(cluster.kubeconfig, layout, nodes, args.workers, workdir)
+    log(f"{layout.name}: starting the {len(nodes)} publishers of {args.workers} workers")
     guard.watch(workers)
-    try:
-        start, synced = workers.go()
-        fig.publish_s = max(synced) - start
-        log(f"{layout.name}: all slices published in {fig.publish_s:.1f} s")
-        fig.cold_calls = {k: v / len(nodes) for k, v in workers.counts().items()}
-        time.sleep(2.0)
-        fig.after = memory(cluster, pids)
-        if steady:
-            steady_state(fig, cluster, workers, seconds=args.steady_s, nodes=len(nodes))
-        log(f"{layout.name}: restarting the publishers over their slices")
-        workers.restart()
-        start, synced = workers.go()
-        fig.republish_s = max(synced) - start
-        log(f"{layout.name}: restarted publishers in sync in {fig.republish_s:.1f} s")
-        counts = workers.counts()
-        fig.rewrites = sum(counts.get(k, 0) for k in ("POST resourceslices", "PUT resourceslices"))
-        log(f"{layout.name}: workload of {args.pods} pods at {args.rate}/s")
-        fig.workload = run_workload(client, layout, args.pods, args.rate)
-        log(f"{layout.name}: {fig.workload}")
-        fig.explain_s = explain_seconds(cluster.kubeconfig, layout, workdir)
-        log(f"{layout.name}: dra-gpu explain took {fig.explain_s:.1f} s")
-        fig.load = os.getloadavg()
-    finally:
-        workers.stop()
+    start, synced = workers.go()
+    fig.publish_s = max(synced) - start
+    log(f"{layout.name}: all slices published in {fig.publish_s:.1f} s")
+    fig.cold_calls = {k: v / len(nodes) for k, v in workers.counts().items()}
+    time.sleep(2.0)
+    fig.after = memory(cluster, pids)
+    if steady:
+        steady_state(fig, cluster, workers, seconds=args.steady_s, nodes=len(nodes))
+    log(f"{layout.name}: restarting the publishers over their slices")
+    workers.restart()
+    start, synced = workers.go()
+    fig.republish_s = max(synced) - start
+    log(f"{layout.name}: restarted publishers in sync in {fig.republish_s:.1f} s")
+    counts = workers.counts()
+    fig.rewrites = sum(counts.get(k, 0) for k in ("POST resourceslices", "PUT resourceslices"))
+    log(f"{layout.name}: workload of {args.pods} pods at {args.rate}/s")
+    fig.workload = run_workload(client, layout, args.pods, args.rate)
+    log(f"{layout.name}: {fig.workload}")
+    fig.explain_s = explain_seconds(cluster.kubeconfig, layout, workdir)
+    log(f"{layout.name}: dra-gpu explain took {fig.explain_s:.1f} s")
+    fig.load = os.getloadavg()
 
 
 # ----- output ---------------------------------------------------------------------------------
@@ -943,21 +959,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         hooks = webhook_figures(client, port, ca, rates, namespaces)
         register_webhook(client, port, ca, namespaces)  # the workload's claims pass it too
         guard = MemoryGuard(args.min_free_gib)
+
+        def spawn(i: int) -> Workers | None:
+            if i >= len(layouts):
+                return None
+            return Workers(cluster.kubeconfig, layouts[i], nodes, args.workers, workdir)
+
+        workers = spawn(0)
         for i, layout in enumerate(layouts):
-            steady = args.steady_every or i == 0
-            figs.append(
-                run_layout(
-                    cluster,
-                    client,
-                    layout,
-                    steady=steady,
-                    nodes=nodes,
-                    args=args,
-                    pids=pids,
-                    workdir=workdir,
-                    guard=guard,
-                )
+            assert workers is not None
+            fig, workers = run_layout(
+                cluster,
+                client,
+                layout,
+                steady=args.steady_every or i == 0,
+                nodes=nodes,
+                args=args,
+                pids=pids,
+                workdir=workdir,
+                guard=guard,
+                workers=workers,
+                spawn_next=functools.partial(spawn, i + 1),
             )
+            figs.append(fig)
             log("so far:\n" + "\n".join(table(figs, args.nodes)))  # kept if a later layout fails
         guard.close()
         client.close()

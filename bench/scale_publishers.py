@@ -46,6 +46,8 @@ from dra_gpu.kubeletplugin import publisher, slice_api, slice_plan  # noqa: E402
 
 JSON = dict[str, Any]
 SYNC_TIMEOUT_S = 600.0
+PROGRESS_S = 30.0
+log = logging.getLogger("scale_publishers")
 # A thousand threads per worker: their stacks need not be the default 8 MiB each.
 THREAD_STACK = 512 * 1024
 
@@ -164,11 +166,16 @@ class Fleet:
         for pub in self.publishers:
             pub.start(self._stop)
         synced: list[float] = [0.0] * len(self.publishers)
-        deadline = time.monotonic() + SYNC_TIMEOUT_S
+        begin = time.monotonic()
+        deadline, progress = begin + SYNC_TIMEOUT_S, begin + PROGRESS_S
         while not all(synced) and time.monotonic() < deadline:
             for i, pub in enumerate(self.publishers):
                 if not synced[i] and pub.synced:
                     synced[i] = time.time()
+            if time.monotonic() >= progress:  # how far a slow start got, in the worker's log
+                done = len(synced) - synced.count(0.0)
+                log.warning("%d of %d published after %.0f s", done, len(synced), progress - begin)
+                progress += PROGRESS_S
             time.sleep(0.02)
         return synced
 
