@@ -569,7 +569,7 @@ def run_workload(client: KubeClient, layout: sl.Layout, pods: int, rate: float) 
 
     _, create_errors, _ = paced(pods, rate, create)
     wanted = pods - create_errors
-    deadline = time.monotonic() + max(120.0, 4.0 * pods / rate)
+    deadline = time.monotonic() + max(180.0, 4.0 * pods / rate)
     while len(bound.when) < wanted and time.monotonic() < deadline:
         time.sleep(0.1)
     # A claim is allocated before its pod is bound, but its watch event may come after.
