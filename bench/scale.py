@@ -381,7 +381,14 @@ class Workers:
     them to be ready. So the next layout's workers get ready while this one's clean-up runs."""
 
     def __init__(
-        self, kubeconfig: Path, layout: sl.Layout, nodes: Sequence[str], count: int, logdir: Path
+        self,
+        kubeconfig: Path,
+        layout: sl.Layout,
+        nodes: Sequence[str],
+        count: int,
+        logdir: Path,
+        *,
+        sync_timeout_s: float,
     ) -> None:
         self._procs: list[subprocess.Popen[str]] = []
         self._logs: list[IO[bytes]] = []
@@ -392,6 +399,7 @@ class Workers:
                 str(ROOT / "bench" / "scale_publishers.py"),
                 f"--kubeconfig={kubeconfig}",
                 f"--layout={layout.name}",
+                f"--sync-timeout-s={sync_timeout_s}",
                 *(f"--node={n}" for n in mine),
             ]
             err = open(logdir / f"publishers-{layout.name}-{w}.log", "ab")  # noqa: SIM115
@@ -598,13 +606,17 @@ def run_workload(client: KubeClient, layout: sl.Layout, pods: int, rate: float) 
 
 
 def _delete_all(client: KubeClient, path: str, what: str, query: Mapping[str, str]) -> None:
-    client.request("DELETE", path, query=query, timeout_s=600)
-    waiting.wait_for(
-        f"{what} to be gone",
-        lambda: not client.request("GET", path, query={"limit": "1"}).get("items"),
-        timeout=300,
-        every=0.5,
-    )
+    """A collection delete, sent again while anything is left: the API server ends one that
+    takes longer than its request timeout (a thousand pods on a loaded machine) part-way."""
+
+    def gone() -> bool:
+        try:
+            client.request("DELETE", path, query=query, timeout_s=600)
+        except errors.ApiUnavailable as err:
+            log(f"deleting {what}: {err}; again")
+        return not client.request("GET", path, query={"limit": "1"}).get("items")
+
+    waiting.wait_for(f"{what} to be gone", gone, timeout=600, every=0.5)
 
 
 def clean_up(client: KubeClient, layout: sl.Layout) -> float:
@@ -736,7 +748,8 @@ def run_layout(
         workers.stop()
     log("before clean-up:\n" + "\n".join(table([fig], len(nodes))))  # kept if clean-up fails
     following = spawn_next()
-    log(f"{layout.name}: cleaned up in {clean_up(client, layout):.1f} s")
+    if following is not None:  # after the last layout the cluster goes as a whole
+        log(f"{layout.name}: cleaned up in {clean_up(client, layout):.1f} s")
     return fig, following
 
 
@@ -923,6 +936,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="publisher processes")
     parser.add_argument("--webhook-rates", default="50,200")
     parser.add_argument(
+        "--publish-timeout-s",
+        type=float,
+        default=600.0,
+        help="a layout whose publishers are not all in sync after this long is stopped",
+    )
+    parser.add_argument(
         "--min-free-gib",
         type=float,
         default=3.0,
@@ -963,7 +982,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         def spawn(i: int) -> Workers | None:
             if i >= len(layouts):
                 return None
-            return Workers(cluster.kubeconfig, layouts[i], nodes, args.workers, workdir)
+            return Workers(
+                cluster.kubeconfig,
+                layouts[i],
+                nodes,
+                args.workers,
+                workdir,
+                sync_timeout_s=args.publish_timeout_s,
+            )
 
         workers = spawn(0)
         for i, layout in enumerate(layouts):

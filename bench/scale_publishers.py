@@ -103,6 +103,7 @@ def main() -> int:
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--layout", required=True)
     parser.add_argument("--node", action="append", default=[])
+    parser.add_argument("--sync-timeout-s", type=float, default=SYNC_TIMEOUT_S)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     threading.stack_size(THREAD_STACK)
@@ -112,11 +113,12 @@ def main() -> int:
     for line in sys.stdin:
         command = line.strip()
         if command == "go":
-            synced = fleet.go()
+            synced = fleet.go(args.sync_timeout_s)
             if all(synced):
                 _say({"synced": synced})
             else:
-                _say({"error": f"{synced.count(0.0)} nodes not published in {SYNC_TIMEOUT_S} s"})
+                missing = synced.count(0.0)
+                _say({"error": f"{missing} nodes not published in {args.sync_timeout_s:.0f} s"})
         elif command == "counts":
             _say({"counts": fleet.counts()})
         elif command == "restart":
@@ -161,13 +163,13 @@ class Fleet:
                 )
             )
 
-    def go(self) -> list[float]:
+    def go(self, timeout_s: float) -> list[float]:
         """Start every publisher; the time each one was first in sync (0.0: not in time)."""
         for pub in self.publishers:
             pub.start(self._stop)
         synced: list[float] = [0.0] * len(self.publishers)
         begin = time.monotonic()
-        deadline, progress = begin + SYNC_TIMEOUT_S, begin + PROGRESS_S
+        deadline, progress = begin + timeout_s, begin + PROGRESS_S
         while not all(synced) and time.monotonic() < deadline:
             for i, pub in enumerate(self.publishers):
                 if not synced[i] and pub.synced:
