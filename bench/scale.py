@@ -631,7 +631,7 @@ def clean_up(client: KubeClient, layout: sl.Layout) -> float:
 
     def workload() -> None:
         force = {"gracePeriodSeconds": "0"}
-        client.request("DELETE", f"/api/v1/namespaces/{ns}/pods", query=force, timeout_s=600)
+        _delete_all(client, f"/api/v1/namespaces/{ns}/pods", "the workload's pods", force)
         claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
         _delete_all(client, claims, "the workload's claims", {})
 
