@@ -1,7 +1,8 @@
 """Fleet scale: N simulated nodes on the real control plane, and the driver's share of the cost.
 
-Usage: ``.venv/bin/python bench/scale.py [--nodes 100] [--layouts static,minimal,mig,dynamic-mig]
-[--pods K] [--rate 50] [--steady-s 60] [--workers 2]``
+Usage: ``.venv/bin/python bench/scale.py [--nodes 100]
+[--layouts static,minimal,mig,dynamic-mig,consumable] [--pods K] [--rate 50] [--steady-s 60]
+[--workers 2]``
 
 Set-up, once for all layouts (so their figures are comparable): the harness's etcd, API server,
 scheduler and controller-manager (``e2e.cluster.Cluster``; the controller-manager's and
@@ -35,7 +36,8 @@ Per layout (``bench/scale_layouts.py``), in the order given:
    record when each is bound and allocated. pods/s = K / (first creation .. last bound); p50/p99
    of pod created -> claim allocated.
 5. ``dra-gpu explain`` of the workload's template over the whole cluster (a process; timed).
-6. Clean-up: pods, claims and slices deleted before the next layout.
+6. Clean-up: pods, claims and slices deleted (the slices beside the workload) before the next
+   layout.
 
 Prints one table (a row per figure, a column per layout) and ends with a line per layout
 ``LAYOUT: N pods in S s, R pods/s``.
@@ -46,6 +48,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -82,7 +85,10 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 TEMPLATE = "one-device"
 CLIENT_LIMITS = ["--kube-api-qps=1000", "--kube-api-burst=2000"]
-WEBHOOK_SECONDS = 5.0
+# Claim creates per rate: WEBHOOK_SECONDS at the rate, at least WEBHOOK_MIN_CREATES (so that
+# p99 is not the slowest of a few).
+WEBHOOK_SECONDS = 3.0
+WEBHOOK_MIN_CREATES = 250
 SENDERS = 24  # threads sending paced creates (webhook and pods)
 
 
@@ -218,7 +224,7 @@ def create_nodes(client: KubeClient, names: Sequence[str]) -> None:
         f"{len(names)} kwok nodes Ready",
         lambda: ready_nodes(client) >= len(names),
         timeout=max(300.0, 1.0 * len(names)),  # kwok readies a few nodes a second here
-        every=2.0,
+        every=1.0,
     )
 
 
@@ -292,28 +298,34 @@ def webhook_figures(
     def create(i: int) -> None:
         client.call("POST", wh.CLAIMS, query={"dryRun": "All"}, body=wh.claim(i))
 
+    # Every rate with the webhook, then every rate without it: one registration and one
+    # removal to wait for, not one per rate.
+    register_webhook(client, port, ca, namespaces)
+    with_hook = [_paced_creates(create, rate) for rate in rates]
+    wh.unregister(client)
+    without = [_paced_creates(create, rate) for rate in rates]
     out = []
-    for rate in rates:
-        count = int(rate * WEBHOOK_SECONDS)
-        register_webhook(client, port, ca, namespaces)
-        paced(wh.WARMUP, rate, create)
-        with_hook, errs_with, span = paced(count, rate, create)
-        wh.unregister(client)
-        paced(wh.WARMUP, rate, create)
-        without, errs_without, _ = paced(count, rate, create)
+    for rate, (hooked, errs_with, span), (alone, errs_without, _) in zip(
+        rates, with_hook, without, strict=True
+    ):
         out.append(
             WebhookFigure(
                 rate=rate,
-                with_p50=sl.percentile(with_hook, 0.5),
-                with_p99=sl.percentile(with_hook, 0.99),
-                without_p50=sl.percentile(without, 0.5),
-                without_p99=sl.percentile(without, 0.99),
+                with_p50=sl.percentile(hooked, 0.5),
+                with_p99=sl.percentile(hooked, 0.99),
+                without_p50=sl.percentile(alone, 0.5),
+                without_p99=sl.percentile(alone, 0.99),
                 errors=errs_with + errs_without,
-                achieved=sl.rate(len(with_hook) - 1, span),
+                achieved=sl.rate(len(hooked) - 1, span),
             )
         )
         log(f"webhook at {rate}/s: {out[-1]}")
     return out
+
+
+def _paced_creates(create: Callable[[int], None], rate: float) -> tuple[list[float], int, float]:
+    paced(wh.WARMUP, rate, create)
+    return paced(max(WEBHOOK_MIN_CREATES, int(rate * WEBHOOK_SECONDS)), rate, create)
 
 
 # ----- the machine ----------------------------------------------------------------------------
@@ -363,10 +375,20 @@ class MemoryGuard:
 
 
 class Workers:
-    """The publisher processes of one layout, nodes dealt out round-robin."""
+    """The publisher processes of one layout, nodes dealt out round-robin.
+
+    Made, they start in the background (imports, one client per node); ``go`` first waits for
+    them to be ready. So the next layout's workers get ready while this one's clean-up runs."""
 
     def __init__(
-        self, kubeconfig: Path, layout: sl.Layout, nodes: Sequence[str], count: int, logdir: Path
+        self,
+        kubeconfig: Path,
+        layout: sl.Layout,
+        nodes: Sequence[str],
+        count: int,
+        logdir: Path,
+        *,
+        sync_timeout_s: float,
     ) -> None:
         self._procs: list[subprocess.Popen[str]] = []
         self._logs: list[IO[bytes]] = []
@@ -377,6 +399,7 @@ class Workers:
                 str(ROOT / "bench" / "scale_publishers.py"),
                 f"--kubeconfig={kubeconfig}",
                 f"--layout={layout.name}",
+                f"--sync-timeout-s={sync_timeout_s}",
                 *(f"--node={n}" for n in mine),
             ]
             err = open(logdir / f"publishers-{layout.name}-{w}.log", "ab")  # noqa: SIM115
@@ -386,8 +409,13 @@ class Workers:
                     argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
                 )
             )
-        for proc in self._procs:
-            self._read(proc, "ready")
+        self._ready = False
+
+    def _wait_ready(self) -> None:
+        if not self._ready:
+            for proc in self._procs:
+                self._read(proc, "ready")
+            self._ready = True
 
     def _read(self, proc: subprocess.Popen[str], key: str) -> Any:
         assert proc.stdout is not None
@@ -407,6 +435,7 @@ class Workers:
 
     def go(self) -> tuple[float, list[float]]:
         """Start every publisher; (unix time of the start, time each node was published)."""
+        self._wait_ready()
         start = time.time()
         self._send("go")
         synced: list[float] = []
@@ -421,6 +450,13 @@ class Workers:
             for call, n in self._read(proc, "counts").items():
                 total[call] = total.get(call, 0) + int(n)
         return total
+
+    def restart(self) -> None:
+        """New publishers in place of the running ones (a restart of every node's plugin;
+        the processes stay, which is the benchmark's own); ``go`` starts them."""
+        self._send("restart")
+        self._ready = False
+        self._wait_ready()
 
     def kill(self) -> None:
         """End the workers at once (their reads then fail); ``stop`` still reaps them."""
@@ -541,10 +577,13 @@ def run_workload(client: KubeClient, layout: sl.Layout, pods: int, rate: float) 
 
     _, create_errors, _ = paced(pods, rate, create)
     wanted = pods - create_errors
-    deadline = time.monotonic() + max(120.0, 4.0 * pods / rate)
+    deadline = time.monotonic() + max(180.0, 4.0 * pods / rate)
     while len(bound.when) < wanted and time.monotonic() < deadline:
-        time.sleep(0.5)
-    time.sleep(1.0)  # allocations seen after the last binding
+        time.sleep(0.1)
+    # A claim is allocated before its pod is bound, but its watch event may come after.
+    settle = time.monotonic() + 2.0
+    while len(allocated.when) < len(bound.when) and time.monotonic() < settle:
+        time.sleep(0.1)
     for tracker in (bound, allocated, claimed):
         tracker.stop.set()
     done = [bound.when[p] for p in created if p in bound.when]
@@ -566,27 +605,41 @@ def run_workload(client: KubeClient, layout: sl.Layout, pods: int, rate: float) 
     )
 
 
-def clean_up(cluster: Cluster, client: KubeClient, layout: sl.Layout) -> None:
-    # Collection deletes through the API (not kubectl, whose 120 s limit a loaded API server
-    # with a thousand pods exceeded, ending the whole run).
+def _delete_all(client: KubeClient, path: str, what: str, query: Mapping[str, str]) -> None:
+    """A collection delete, sent again while anything is left: the API server ends one that
+    takes longer than its request timeout (a thousand pods on a loaded machine) part-way."""
+
+    def gone() -> bool:
+        try:
+            client.request("DELETE", path, query=query, timeout_s=600)
+        except errors.ApiUnavailable as err:
+            log(f"deleting {what}: {err}; again")
+        return not client.request("GET", path, query={"limit": "1"}).get("items")
+
+    waiting.wait_for(f"{what} to be gone", gone, timeout=600, every=0.5)
+
+
+def clean_up(client: KubeClient, layout: sl.Layout) -> float:
+    """Delete the layout's pods and claims, and all slices; seconds it took.
+
+    Collection deletes through the API (not kubectl, whose 120 s limit a loaded API server with
+    a thousand pods exceeded, ending the whole run). The slices and the workload go in parallel:
+    neither waits for the other (the claims' deallocation needs no slice), and the slices of a
+    large layout take as long to delete as the claims."""
     ns = ns_of(layout)
-    force = {"gracePeriodSeconds": "0"}
-    client.request("DELETE", f"/api/v1/namespaces/{ns}/pods", query=force, timeout_s=600)
-    claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
-    client.request("DELETE", claims, timeout_s=600)
-    waiting.wait_for(
-        "the workload's claims to be gone",
-        lambda: not client.request("GET", claims, query={"limit": "1"}).get("items"),
-        timeout=300,
-        every=2.0,
-    )
-    client.request("DELETE", SLICES, timeout_s=600)
-    waiting.wait_for(
-        "the slices to be gone",
-        lambda: not client.request("GET", SLICES, query={"limit": "1"}).get("items"),
-        timeout=300,
-        every=2.0,
-    )
+    start = time.monotonic()
+
+    def workload() -> None:
+        force = {"gracePeriodSeconds": "0"}
+        _delete_all(client, f"/api/v1/namespaces/{ns}/pods", "the workload's pods", force)
+        claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+        _delete_all(client, claims, "the workload's claims", {})
+
+    with ThreadPoolExecutor(2) as pool:
+        done = [pool.submit(workload), pool.submit(_delete_all, client, SLICES, "the slices", {})]
+        for future in done:
+            future.result()
+    return time.monotonic() - start
 
 
 def explain_seconds(kubeconfig: Path, layout: sl.Layout, workdir: Path) -> float:
@@ -667,9 +720,12 @@ def run_layout(
     pids: Mapping[str, int],
     workdir: Path,
     guard: MemoryGuard,
-) -> Figures:
-    """The layout's figures; a run the guard stopped (or a worker that died) keeps those it
-    has, and the reason."""
+    workers: Workers,
+    spawn_next: Callable[[], Workers | None],
+) -> tuple[Figures, Workers | None]:
+    """The layout's figures, measured with ``workers`` (this layout's publishers, not started
+    yet); a run the guard stopped (or a worker that died) keeps those it has, and the reason.
+    The next layout's workers (``spawn_next``) are started before the clean-up and returned."""
     fig = Figures(layout)
     try:
         _measure(
@@ -680,6 +736,7 @@ def run_layout(
             nodes=nodes,
             args=args,
             pids=pids,
+            workers=workers,
             workdir=workdir,
             guard=guard,
         )
@@ -688,9 +745,12 @@ def run_layout(
         log(f"{layout.name}: stopped: {fig.stopped}")
     finally:
         guard.watch(None)
+        workers.stop()
     log("before clean-up:\n" + "\n".join(table([fig], len(nodes))))  # kept if clean-up fails
-    clean_up(cluster, client, layout)
-    return fig
+    following = spawn_next()
+    if following is not None:  # after the last layout the cluster goes as a whole
+        log(f"{layout.name}: cleaned up in {clean_up(client, layout):.1f} s")
+    return fig, following
 
 
 def _measure(
@@ -702,6 +762,7 @@ def _measure(
     nodes: Sequence[str],
     args: argparse.Namespace,
     pids: Mapping[str, int],
+    workers: Workers,
     workdir: Path,
     guard: MemoryGuard,
 ) -> None:
@@ -712,35 +773,29 @@ def _measure(
     fig.kib_per_node = len(json.dumps(sample)) / 1024
     client.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns_of(layout)}})
     fig.before = memory(cluster, pids)
-    log(f"{layout.name}: starting {args.workers} publisher workers for {len(nodes)} nodes")
-    workers = Workers(cluster.kubeconfig, layout, nodes, args.workers, workdir)
+    log(f"{layout.name}: starting the {len(nodes)} publishers of {args.workers} workers")
     guard.watch(workers)
-    try:
-        start, synced = workers.go()
-        fig.publish_s = max(synced) - start
-        log(f"{layout.name}: all slices published in {fig.publish_s:.1f} s")
-        fig.cold_calls = {k: v / len(nodes) for k, v in workers.counts().items()}
-        time.sleep(2.0)
-        fig.after = memory(cluster, pids)
-        if steady:
-            steady_state(fig, cluster, workers, seconds=args.steady_s, nodes=len(nodes))
-    finally:
-        workers.stop()
+    start, synced = workers.go()
+    fig.publish_s = max(synced) - start
+    log(f"{layout.name}: all slices published in {fig.publish_s:.1f} s")
+    fig.cold_calls = {k: v / len(nodes) for k, v in workers.counts().items()}
+    time.sleep(2.0)
+    fig.after = memory(cluster, pids)
+    if steady:
+        steady_state(fig, cluster, workers, seconds=args.steady_s, nodes=len(nodes))
     log(f"{layout.name}: restarting the publishers over their slices")
-    workers = Workers(cluster.kubeconfig, layout, nodes, args.workers, workdir)
-    guard.watch(workers)
-    try:
-        start, synced = workers.go()
-        fig.republish_s = max(synced) - start
-        counts = workers.counts()
-        fig.rewrites = sum(counts.get(k, 0) for k in ("POST resourceslices", "PUT resourceslices"))
-        log(f"{layout.name}: workload of {args.pods} pods at {args.rate}/s")
-        fig.workload = run_workload(client, layout, args.pods, args.rate)
-        log(f"{layout.name}: {fig.workload}")
-        fig.explain_s = explain_seconds(cluster.kubeconfig, layout, workdir)
-        fig.load = os.getloadavg()
-    finally:
-        workers.stop()
+    workers.restart()
+    start, synced = workers.go()
+    fig.republish_s = max(synced) - start
+    log(f"{layout.name}: restarted publishers in sync in {fig.republish_s:.1f} s")
+    counts = workers.counts()
+    fig.rewrites = sum(counts.get(k, 0) for k in ("POST resourceslices", "PUT resourceslices"))
+    log(f"{layout.name}: workload of {args.pods} pods at {args.rate}/s")
+    fig.workload = run_workload(client, layout, args.pods, args.rate)
+    log(f"{layout.name}: {fig.workload}")
+    fig.explain_s = explain_seconds(cluster.kubeconfig, layout, workdir)
+    log(f"{layout.name}: dra-gpu explain took {fig.explain_s:.1f} s")
+    fig.load = os.getloadavg()
 
 
 # ----- output ---------------------------------------------------------------------------------
@@ -869,7 +924,7 @@ def classes_present(client: KubeClient) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=100)
-    parser.add_argument("--layouts", default="static,minimal,mig,dynamic-mig")
+    parser.add_argument("--layouts", default="static,minimal,mig,dynamic-mig,consumable")
     parser.add_argument("--pods", type=int, help="pods per layout (default: one per node)")
     parser.add_argument("--rate", type=float, default=50.0, help="pod creations per second")
     parser.add_argument("--steady-s", type=float, default=60.0)
@@ -880,6 +935,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=2, help="publisher processes")
     parser.add_argument("--webhook-rates", default="50,200")
+    parser.add_argument(
+        "--publish-timeout-s",
+        type=float,
+        default=600.0,
+        help="a layout whose publishers are not all in sync after this long is stopped",
+    )
     parser.add_argument(
         "--min-free-gib",
         type=float,
@@ -917,21 +978,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         hooks = webhook_figures(client, port, ca, rates, namespaces)
         register_webhook(client, port, ca, namespaces)  # the workload's claims pass it too
         guard = MemoryGuard(args.min_free_gib)
-        for i, layout in enumerate(layouts):
-            steady = args.steady_every or i == 0
-            figs.append(
-                run_layout(
-                    cluster,
-                    client,
-                    layout,
-                    steady=steady,
-                    nodes=nodes,
-                    args=args,
-                    pids=pids,
-                    workdir=workdir,
-                    guard=guard,
-                )
+
+        def spawn(i: int) -> Workers | None:
+            if i >= len(layouts):
+                return None
+            return Workers(
+                cluster.kubeconfig,
+                layouts[i],
+                nodes,
+                args.workers,
+                workdir,
+                sync_timeout_s=args.publish_timeout_s,
             )
+
+        workers = spawn(0)
+        for i, layout in enumerate(layouts):
+            assert workers is not None
+            fig, workers = run_layout(
+                cluster,
+                client,
+                layout,
+                steady=args.steady_every or i == 0,
+                nodes=nodes,
+                args=args,
+                pids=pids,
+                workdir=workdir,
+                guard=guard,
+                workers=workers,
+                spawn_next=functools.partial(spawn, i + 1),
+            )
+            figs.append(fig)
             log("so far:\n" + "\n".join(table(figs, args.nodes)))  # kept if a later layout fails
         guard.close()
         client.close()

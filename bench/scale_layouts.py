@@ -9,8 +9,10 @@ A layout is what every simulated node publishes and what each pod's claim asks f
 - ``mig``: ``a100x4-mig`` (one full GPU, 9 MIG devices), a claim for a ``3g.20gb`` MIG device;
 - ``dynamic-mig``: ``h100x8-mig`` as ``--mig-mode dynamic`` publishes it (``DynamicMigBackend``:
   every profile at every placement, consuming shared counters), a claim for ``1g.10gb``;
-- ``consumable``: a hook, not a layout yet: the driver publishes no consumable-capacity (shared)
-  devices; once it does, its devices and claim go here and ``--layouts consumable`` runs it.
+- ``consumable``: the same 8 H200 as a node with ``--consumable-shares memory`` publishes them
+  (``allowMultipleAllocations``, a ``requestPolicy`` for memory in 1Mi steps), a claim for one
+  GPU by product name that asks ``capacity.requests: {memory: 40Gi}``: three such shares fit
+  one H200, so the scheduler places 24 claims per node.
 
 Devices come from the driver's own discovery path (``SimulatedBackend`` -> ``naming``), and
 slices from the driver's own builder (``published.node_slices`` / ``slices``).
@@ -26,7 +28,7 @@ from typing import Any
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
-from dra_gpu.devices import naming, partitions, simulated
+from dra_gpu.devices import naming, partitions, shares, simulated
 from dra_gpu.kubeletplugin import slices
 from dra_gpu.plugin import published
 
@@ -41,8 +43,9 @@ class Layout:
     render: Render
     device_class: str
     selector: str  # CEL on the device: the workload claim's one selector
-    per_node: int  # devices per node that the claim's request can get
+    per_node: int  # allocations per node that the claim's request can get
     summary: str
+    requests: Mapping[str, str] = field(default_factory=dict)  # the claim's capacity.requests
 
 
 @dataclass(frozen=True)
@@ -64,10 +67,12 @@ def _devices(profile: str, node: str, *, dynamic: bool) -> list[Any]:
     return list(naming.build_devices(backend.discover().gpus))
 
 
-def _product(profile: str, *, dynamic: bool) -> Render:
+def _product(profile: str, *, dynamic: bool, mode: shares.ShareMode | None = None) -> Render:
     def render(node: str, uid: str) -> list[JSON]:
         devices = _devices(profile, node, dynamic=dynamic)
-        return published.node_slices(devices, driver_name=DRIVER_NAME, node_name=node, node_uid=uid)
+        return published.node_slices(
+            devices, driver_name=DRIVER_NAME, node_name=node, node_uid=uid, shares=mode
+        )
 
     return render
 
@@ -89,7 +94,7 @@ def _attr(name: str) -> str:
     return f"device.attributes['{DRIVER_NAME}'].{name}"
 
 
-LAYOUTS: Mapping[str, Layout | None] = {
+LAYOUTS: Mapping[str, Layout] = {
     "static": Layout(
         "static",
         _product("h200x8", dynamic=False),
@@ -117,47 +122,44 @@ LAYOUTS: Mapping[str, Layout | None] = {
         56,
         "h100x8-mig, dynamic (200 placements, counters)",
     ),
-    # The hook for shared devices: no consumable-capacity devices are published yet.
-    "consumable": None,
+    "consumable": Layout(
+        "consumable",
+        _product("h200x8", dynamic=False, mode=shares.parse_mode("memory")),
+        GPU_CLASS,
+        f"{_attr('productName')} == 'NVIDIA H200'",
+        8 * 3,  # 40Gi shares of a 140Gi H200
+        "8 H200, consumable shares (memory), 40Gi claims",
+        requests={"memory": "40Gi"},
+    ),
 }
 
 
 def parse_layouts(text: str) -> list[Layout]:
-    """``static,mig`` -> the layouts, in that order; an unknown or not-yet layout is an error."""
+    """``static,mig`` -> the layouts, in that order; an unknown layout is an error."""
     out: list[Layout] = []
     for name in (part.strip() for part in text.split(",") if part.strip()):
         if name not in LAYOUTS:
             raise ValueError(f"unknown layout {name!r}; known: {', '.join(LAYOUTS)}")
-        layout = LAYOUTS[name]
-        if layout is None:
-            raise ValueError(f"layout {name!r} is not available yet (no shared devices published)")
-        out.append(layout)
+        out.append(LAYOUTS[name])
     if not out:
         raise ValueError("no layout given")
     return out
 
 
 def claim_template(layout: Layout, *, name: str, namespace: str) -> JSON:
-    """The ResourceClaimTemplate every pod of the workload names: one device of the layout."""
+    """The ResourceClaimTemplate every pod of the workload names: one device of the layout
+    (a share of it, where the layout's claim asks for capacity)."""
+    exactly: JSON = {
+        "deviceClassName": layout.device_class,
+        "selectors": [{"cel": {"expression": layout.selector}}],
+    }
+    if layout.requests:
+        exactly["capacity"] = {"requests": dict(layout.requests)}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "dev",
-                            "exactly": {
-                                "deviceClassName": layout.device_class,
-                                "selectors": [{"cel": {"expression": layout.selector}}],
-                            },
-                        }
-                    ]
-                }
-            }
-        },
+        "spec": {"spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}}},
     }
 
 

@@ -16,7 +16,9 @@ the line protocol below.
 Protocol, one JSON object per line: the worker prints ``{"ready": n}`` once its publishers are
 built; on ``go`` it starts them all and prints ``{"synced": [unix time per node]}`` once every
 one has published (or ``{"error": ...}``); on ``counts`` it prints ``{"counts": {call: n}}``;
-end of input stops the publishers and ends the process.
+on ``restart`` it stops its publishers and builds new ones, as a restart of every node's plugin
+would (``{"ready": n}`` again; ``go`` starts them); end of input stops the publishers and ends
+the process.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from dra_gpu.kubeletplugin import publisher, slice_api, slice_plan  # noqa: E402
 
 JSON = dict[str, Any]
 SYNC_TIMEOUT_S = 600.0
+PROGRESS_S = 30.0
+log = logging.getLogger("scale_publishers")
 # A thousand threads per worker: their stacks need not be the default 8 MiB each.
 THREAD_STACK = 512 * 1024
 
@@ -99,58 +103,92 @@ def main() -> int:
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--layout", required=True)
     parser.add_argument("--node", action="append", default=[])
+    parser.add_argument("--sync-timeout-s", type=float, default=SYNC_TIMEOUT_S)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     threading.stack_size(THREAD_STACK)
     (layout,) = scale_layouts.parse_layouts(args.layout)
-    counts: collections.Counter[str] = collections.Counter()
-    lock = threading.Lock()  # one for all stores' counts
-    started = time.time_ns()
-    publishers: list[publisher.Publisher] = []
-    clients = []
-    for node in args.node:
-        # A connection pool per node, as each node's plugin has its own: one pool shared by
-        # hundreds of publishers keeps too few connections open and pays a TLS handshake on
-        # most requests (the API server's CPU, which the figures are about).
-        client = connect(args.kubeconfig)
-        clients.append(client)
-        api = slice_api.SliceApi(client, node=node, driver=DRIVER_NAME)
-        store = CountingStore(api, counts, lock)
-        publishers.append(
-            publisher.Publisher(
-                store=store,
-                node=node,
-                driver=DRIVER_NAME,
-                render=functools.partial(layout.render, node),
-                instance=slice_plan.Instance(started_ns=started, name=f"scale-{node}"),
-                alive=lambda _other: False,  # no other instance runs on a simulated node
-            )
-        )
-    _say({"ready": len(publishers)})
-    stop = threading.Event()
+    fleet = Fleet(args.kubeconfig, layout, args.node)
+    _say({"ready": len(fleet.publishers)})
     for line in sys.stdin:
         command = line.strip()
         if command == "go":
-            for pub in publishers:
-                pub.start(stop)
-            synced: list[float] = [0.0] * len(publishers)
-            deadline = time.monotonic() + SYNC_TIMEOUT_S
-            while not all(synced) and time.monotonic() < deadline:
-                for i, pub in enumerate(publishers):
-                    if not synced[i] and pub.synced:
-                        synced[i] = time.time()
-                time.sleep(0.02)
+            synced = fleet.go(args.sync_timeout_s)
             if all(synced):
                 _say({"synced": synced})
             else:
-                _say({"error": f"{synced.count(0.0)} nodes not published in {SYNC_TIMEOUT_S} s"})
+                missing = synced.count(0.0)
+                _say({"error": f"{missing} nodes not published in {args.sync_timeout_s:.0f} s"})
         elif command == "counts":
-            with lock:
-                _say({"counts": dict(counts)})
-    stop.set()
-    for client in clients:
-        client.close()
+            _say({"counts": fleet.counts()})
+        elif command == "restart":
+            fleet.close()
+            fleet = Fleet(args.kubeconfig, layout, args.node)
+            _say({"ready": len(fleet.publishers)})
+    fleet.close()
     return 0
+
+
+class Fleet:
+    """One set of the nodes' publishers: what a start of every node's plugin builds.
+
+    A restart is a new fleet: new publishers (no state carried over), a new instance started
+    now, new connections (each node's plugin connects anew), and calls counted from zero; the
+    old fleet's threads see their stop event and end (their last calls count in the old
+    counter, not the new one)."""
+
+    def __init__(self, kubeconfig: Path, layout: scale_layouts.Layout, nodes: list[str]) -> None:
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()  # one for all stores' counts
+        self._stop = threading.Event()
+        started = time.time_ns()
+        self.publishers: list[publisher.Publisher] = []
+        self._clients = []
+        for node in nodes:
+            # A connection pool per node, as each node's plugin has its own: one pool shared by
+            # hundreds of publishers keeps too few connections open and pays a TLS handshake on
+            # most requests (the API server's CPU, which the figures are about).
+            client = connect(kubeconfig)
+            self._clients.append(client)
+            api = slice_api.SliceApi(client, node=node, driver=DRIVER_NAME)
+            store = CountingStore(api, self._counts, self._lock)
+            self.publishers.append(
+                publisher.Publisher(
+                    store=store,
+                    node=node,
+                    driver=DRIVER_NAME,
+                    render=functools.partial(layout.render, node),
+                    instance=slice_plan.Instance(started_ns=started, name=f"scale-{node}"),
+                    alive=lambda _other: False,  # no other instance runs on a simulated node
+                )
+            )
+
+    def go(self, timeout_s: float) -> list[float]:
+        """Start every publisher; the time each one was first in sync (0.0: not in time)."""
+        for pub in self.publishers:
+            pub.start(self._stop)
+        synced: list[float] = [0.0] * len(self.publishers)
+        begin = time.monotonic()
+        deadline, progress = begin + timeout_s, begin + PROGRESS_S
+        while not all(synced) and time.monotonic() < deadline:
+            for i, pub in enumerate(self.publishers):
+                if not synced[i] and pub.synced:
+                    synced[i] = time.time()
+            if time.monotonic() >= progress:  # how far a slow start got, in the worker's log
+                done = len(synced) - synced.count(0.0)
+                log.warning("%d of %d published after %.0f s", done, len(synced), progress - begin)
+                progress += PROGRESS_S
+            time.sleep(0.02)
+        return synced
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def close(self) -> None:
+        self._stop.set()
+        for client in self._clients:
+            client.close()
 
 
 if __name__ == "__main__":

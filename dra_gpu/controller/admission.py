@@ -22,14 +22,15 @@ to send back. It never raises on bad input: a malformed review gets a refusal na
 - Refusal: a request of one of this driver's DeviceClasses that asks (``capacity.requests``)
   for more of a capacity than any published device of that class has can never be allocated;
   the message names the request, the amount and the most a device has (``largest``: from
-  :mod:`published_capacity`; None, when unknown, checks nothing).
+  :mod:`published_capacity`, asked only for a review with such a request, since the answer
+  may cost a list of every slice; None, when unknown, checks nothing).
 - Configs of other drivers, deletes, other kinds, and updates that leave the device spec as it
   was (finalizer and label changes) are allowed untouched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 from dra_gpu import DRIVER_NAME
@@ -148,18 +149,31 @@ def _shown(name: str, amount: int) -> str:
     return str(amount)
 
 
+def _unknown() -> published_capacity.Largest | None:
+    return None
+
+
 def capacity_problems(
-    devices: Mapping[str, Any], prefix: str, largest: published_capacity.Largest | None
+    devices: Mapping[str, Any],
+    prefix: str,
+    largest: Callable[[], published_capacity.Largest | None],
 ) -> list[str]:
-    """One message per request asking more of a capacity than any published device has."""
-    if not largest:
-        return []
-    problems = []
+    """One message per request asking more of a capacity than any published device has;
+    ``largest`` is called only when a request asks for capacity."""
+    asking = []
     for i, request in enumerate(_items(devices.get("requests"))):
         exactly = _field(request, "exactly")
-        most = largest.get(str(_field(exactly, "deviceClassName")))
         asked = _field(_field(exactly, "capacity"), "requests")
-        if most is None or not isinstance(asked, Mapping):
+        ours = str(_field(exactly, "deviceClassName")) in published_capacity.CLASS_OF_TYPE.values()
+        if ours and isinstance(asked, Mapping) and asked:
+            asking.append((i, exactly, asked))
+    known = largest() if asking else None
+    if not known:
+        return []
+    problems = []
+    for i, exactly, asked in asking:
+        most = known.get(str(_field(exactly, "deviceClassName")))
+        if most is None:
             continue
         for qualified, amount in asked.items():
             domain, _, name = str(qualified).rpartition("/")
@@ -233,10 +247,13 @@ def refusal(admission_review: object, message: str) -> JSON:
 
 
 def review(
-    admission_review: Mapping[str, Any], *, largest: published_capacity.Largest | None = None
+    admission_review: Mapping[str, Any],
+    *,
+    largest: Callable[[], published_capacity.Largest | None] = _unknown,
 ) -> JSON:
     """The AdmissionReview response for one AdmissionReview request; ``largest``: the most of
-    each capacity a published device of each class has (None: not checked)."""
+    each capacity a published device of each class has (None: not checked), asked only when
+    a request asks for capacity."""
     request = _field(admission_review, "request")
     uid = _field(request, "uid")
     if not isinstance(uid, str) or not uid:

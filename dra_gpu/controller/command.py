@@ -113,7 +113,7 @@ def _start_webhook(
     published = published_capacity.PublishedCapacity.of(client)
 
     def reviewer(admission_review: Mapping[str, Any]) -> dict[str, Any]:
-        return admission.review(admission_review, largest=published.get())
+        return admission.review(admission_review, largest=published.get)
 
     if (args.tls_cert_file is None) != (args.tls_key_file is None):
         raise SystemExit("--tls-cert-file and --tls-key-file go together")

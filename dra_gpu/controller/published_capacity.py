@@ -4,8 +4,11 @@ webhook: a request asking more than that can never be allocated.
 :func:`largest` is pure (slices in, amounts out). :class:`PublishedCapacity` lists this driver's
 ResourceSlices when its answer is older than ``max_age_s``, on the thread of the review that
 needs it (no thread of its own; the list runs outside the lock, which guards only the cached
-answer). When the list fails, the last answer is kept (or None: no check), so an API problem
-never refuses a claim.
+answer). One list at a time: reviews that come while it runs take the last answer (None before
+the first: no check) instead of listing too; in a large cluster one list is every slice of the
+driver (hundreds of MiB with dynamic MIG), and at tens of claim creates per second each review
+of a stale period listing them would be the API server's load. When the list fails, the last
+answer is kept (or None: no check), so an API problem never refuses a claim.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class PublishedCapacity:
         self._lock = threading.Lock()
         self._answer: Largest | None = None
         self._at: float | None = None
+        self._listing = False  # a review's thread is listing: the others take the last answer
 
     @classmethod
     def of(cls, client: KubeClient) -> PublishedCapacity:
@@ -84,13 +88,16 @@ class PublishedCapacity:
 
     def get(self) -> Largest | None:
         with self._lock:
-            if self._at is not None and self._clock() - self._at < self._max_age_s:
+            fresh = self._at is not None and self._clock() - self._at < self._max_age_s
+            if fresh or self._listing:
                 return self._answer
+            self._listing = True
             answer = self._answer
         try:
             answer = largest(self._fetch())
         except (ApiError, OSError) as exc:
             log.warning("cannot list the published devices (capacity check skipped): %s", exc)
-        with self._lock:
-            self._answer, self._at = answer, self._clock()
+        finally:
+            with self._lock:
+                self._answer, self._at, self._listing = answer, self._clock(), False
         return answer

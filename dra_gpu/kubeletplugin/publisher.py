@@ -14,6 +14,10 @@ Design:
 - The reconcile loop also runs after ``set_inventory`` (new devices) and every ``resync_s``.
 - Failures never end a loop: temporary ones (no answer, 5xx) back off exponentially up to
   ``max_backoff_s``; a conflict or a missing object means "look again" after a short pause.
+  Every pause is drawn at random below its ceiling (``draw``): when the API server fails all
+  nodes at once (an overload, a restart), retries with the same deterministic delays would
+  arrive together, in waves as large as the fleet, and overload it again. The cap is tens of
+  seconds for the same reason: a fleet that keeps retrying every few seconds is itself the load.
   An outage is logged once when it starts and once when it ends, not on every attempt.
 - ``synced`` turns true after the first successful reconcile and stays true, so a liveness
   probe on it does not restart the plugin while the API server is away; ``on_synced`` is
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
@@ -66,9 +71,19 @@ class SliceStore(Protocol):
         ...
 
 
-def backoff_delay(failures: int, *, base_s: float = 0.2, max_s: float = 5.0) -> float:
-    """Exponential backoff: 0.2, 0.4, 0.8 … seconds, capped at ``max_s``."""
-    return float(min(max_s, base_s * 2 ** max(0, failures - 1)))
+BASE_BACKOFF_S = 0.2
+MAX_BACKOFF_S = 30.0
+
+
+def backoff_delay(
+    failures: int, draw: float, *, base_s: float = BASE_BACKOFF_S, max_s: float = MAX_BACKOFF_S
+) -> float:
+    """Exponential backoff with full jitter: the ceiling doubles per failure (0.2, 0.4, 0.8 …
+    seconds, capped at ``max_s``) and the delay is ``draw`` (0..1, at random) of the way from
+    ``base_s`` to it, so that nodes failing together spread their retries over the ceiling."""
+    ceiling = min(max_s, base_s * 2 ** max(0, failures - 1))
+    low = min(base_s, ceiling)
+    return float(low + min(max(draw, 0.0), 1.0) * (ceiling - low))
 
 
 class Publisher:
@@ -80,17 +95,20 @@ class Publisher:
         driver: str,
         render: Renderer,
         resync_s: float = 60.0,
-        max_backoff_s: float = 5.0,
+        max_backoff_s: float = MAX_BACKOFF_S,
         instance: slice_plan.Instance | None = None,
         alive: Callable[[slice_plan.Instance], bool],
         on_synced: Callable[[], None] = lambda: None,
+        draw: Callable[[], float] = random.random,
     ) -> None:
+        """``draw``: the random source of the backoff's jitter (uniform in 0..1)."""
         self._store = store
         self._node = node
         self._driver = driver
         self._render = render
         self._resync_s = resync_s
         self._max_backoff_s = max_backoff_s
+        self._draw = draw
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards _render and _own_writes
         self._own_writes: set[str] = set()  # resourceVersions of our writes not yet echoed
@@ -129,6 +147,10 @@ class Publisher:
         for thread in threads:
             thread.start()
         return threads
+
+    def _backoff(self, failures: int, *, max_s: float | None = None) -> float:
+        cap = self._max_backoff_s if max_s is None else min(max_s, self._max_backoff_s)
+        return backoff_delay(failures, self._draw(), max_s=cap)
 
     def reconcile_once(self) -> slice_plan.Plan:
         """One pass: list, plan, write. Raises ``errors.ApiError`` on failure."""
@@ -201,18 +223,18 @@ class Publisher:
                 # Someone else wrote in between, or the Node is not there yet: look again soon.
                 failures += 1
                 log.info("reconcile of pool %s must look again: %s", self._node, err)
-                stop.wait(min(1.0, backoff_delay(failures, max_s=self._max_backoff_s)))
+                stop.wait(self._backoff(failures, max_s=1.0))
                 continue
             except errors.ApiError as err:
                 failures += 1
                 self._note_failure(err, failures)
-                stop.wait(backoff_delay(failures, max_s=self._max_backoff_s))
+                stop.wait(self._backoff(failures))
                 continue
             except Exception:
                 # A bug or bad inventory data must not end publishing for good.
                 failures += 1
                 log.exception("reconcile of pool %s failed", self._node)
-                stop.wait(self._max_backoff_s)
+                stop.wait(self._backoff(failures))
                 continue
             if self._outage:
                 log.warning("API server reachable again; pool %s is up to date", self._node)
@@ -260,4 +282,4 @@ class Publisher:
             if stop.is_set():
                 return
             self._wake.set()
-            stop.wait(backoff_delay(max(failures, 1), max_s=self._max_backoff_s))
+            stop.wait(self._backoff(max(failures, 1)))

@@ -7,9 +7,17 @@ Invariants the plan keeps:
   desired bodies already carry names), so every instance of the driver on a node (rolling
   update) converges on the same objects instead of each creating its own.
 - Every slice of the pool carries the same ``pool.generation`` and ``pool.resourceSliceCount``.
-  Whenever anything must be created or updated, the generation goes up by one past anything seen
-  (existing slices and the last generation this process published), so consumers, which use
-  only the highest generation of a pool, never mix old and new content.
+  Whenever a slice of the pool's highest generation must change, the generation goes up by one
+  past anything seen (existing slices and the last generation this process published), so
+  consumers, which use only the highest generation of a pool, never mix old and new content.
+- A pool that is only incomplete is completed at its own generation: when every slice at the
+  highest generation is named by the desired state and already holds it, the missing slices
+  (a publish that failed half-way, a slice someone deleted) are created, and those left at an
+  older generation updated, at that generation. The slices at that generation are then at every
+  moment a subset of the desired state's, so no consumer sees old and new content mixed, and
+  the slices that were right are not rewritten (a thousand nodes' partly failed publishes
+  would otherwise rewrite whole pools). A pool with no slice left at its highest generation
+  (wiped) still comes back one generation higher.
 - Slices of our node and driver that the desired state does not name are deleted, whatever
   their pool (leftovers of an earlier run, a renamed node, a smaller inventory).
 - Two instances on one node (a rolling update, possibly of different versions that publish
@@ -238,6 +246,15 @@ def plan(
 
     if seen > 0:  # a pool never published has no generation to keep
         unchanged = _diff(stamped(seen), current, seen)
-        if not (unchanged.creates or unchanged.updates):
+        if not (unchanged.creates or unchanged.updates) or _completes(unchanged, current, node):
             return unchanged
     return _diff(stamped(seen + 1), current, seen + 1)
+
+
+def _completes(at_seen: Plan, current: Sequence[Existing], pool: str) -> bool:
+    """Whether ``at_seen`` (the writes at the pool's highest generation) only adds slices to
+    that generation: some slice is there, and none there is updated or deleted."""
+    members = {e.name for e in current if e.pool == pool and e.generation == at_seen.generation}
+    touched = {str(body["metadata"]["name"]) for body in at_seen.updates}
+    touched |= {e.name for e in at_seen.deletes}
+    return bool(members) and not members & touched

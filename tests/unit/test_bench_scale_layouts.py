@@ -6,7 +6,9 @@ Cases:
   would leave every pod unscheduled and the run measuring nothing);
 - ``minimal`` publishes the same device names as ``static`` with only ``type``;
 - ``dynamic-mig`` consumes counters published in the same pool;
-- ``consumable`` and unknown layouts are refused by name;
+- ``consumable`` publishes shareable H200s and its claim asks for a 40Gi share, so that as many
+  claims fit a node as the layout says;
+- unknown layouts are refused by name;
 - request counters: deltas per key, scaled per node per minute.
 """
 
@@ -43,6 +45,21 @@ def test_the_claim_selects_the_devices_the_layout_counts_on(name: str) -> None:
     assert len(matching(layout)) == layout.per_node
 
 
+def test_consumable_claims_take_shares_of_devices_that_allow_several() -> None:
+    (layout,) = sl.parse_layouts("consumable")
+    selected = set(matching(layout))
+    shared = [d for d in devices(layout) if d["name"] in selected]
+    assert len(shared) == 8 and all(d.get("allowMultipleAllocations") for d in shared)
+    (request,) = sl.claim_template(layout, name="t", namespace="n")["spec"]["spec"]["devices"][
+        "requests"
+    ]
+    asked = request["exactly"]["capacity"]["requests"]["memory"]
+    assert asked == "40Gi"
+    mib = [int(d["capacity"]["memory"]["value"].removesuffix("Mi")) for d in shared]
+    fits = sum(m // (40 * 1024) for m in mib)
+    assert fits == layout.per_node
+
+
 def test_minimal_is_static_with_only_the_type() -> None:
     static, minimal = sl.parse_layouts("static,minimal")
     assert [d["name"] for d in devices(minimal)] == [d["name"] for d in devices(static)]
@@ -61,7 +78,7 @@ def test_dynamic_mig_consumes_counters_of_its_own_pool() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("consumable", "not available yet"), ("static,nope", "unknown layout 'nope'"), (",", "no")],
+    [("static,nope", "unknown layout 'nope'"), (",", "no")],
 )
 def test_layouts_not_there_are_refused(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

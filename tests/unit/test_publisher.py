@@ -4,12 +4,14 @@ Cases: first publish (owner reference, one pool, generation 1); a second pass wr
 a deleted slice comes back through the watch; a new inventory raises the generation and drops
 surplus slices; the watch events of its own writes do not make it list again (a foreign event
 does); an API outage is survived and the pool repaired afterwards; a missing Node delays
-publishing without ending it; backoff grows and is capped.
+publishing without ending it; backoff grows and is capped; a fleet of publishers failed at
+once spreads its retries.
 """
 
 from __future__ import annotations
 
 import functools
+import random
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -175,11 +177,52 @@ def test_missing_node_delays_publishing(running: Any) -> None:
 
 @pytest.mark.parametrize(
     ("failures", "expected"),
-    [(1, 0.2), (2, 0.4), (3, 0.8), (10, 5.0), (100, 5.0)],
+    [(1, 0.2), (2, 0.4), (3, 0.8), (10, 30.0), (100, 30.0)],
     ids=["first", "second", "third", "capped", "huge"],
 )
-def test_backoff(failures: int, expected: float) -> None:
-    assert publisher.backoff_delay(failures) == pytest.approx(expected)
+def test_backoff_ceiling_doubles_up_to_its_cap(failures: int, expected: float) -> None:
+    assert publisher.backoff_delay(failures, 1.0) == pytest.approx(expected)
+    assert publisher.backoff_delay(failures, 0.0) == pytest.approx(0.2)
+
+
+class CountingStop(threading.Event):
+    """A stop event that records each pause asked of it, returns at once, and is set after
+    ``pauses`` of them: the reconcile loop's waits without the waiting."""
+
+    def __init__(self, pauses: int) -> None:
+        super().__init__()
+        self.pauses: list[float] = []
+        self._limit = pauses
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is not None:
+            self.pauses.append(timeout)
+        if len(self.pauses) >= self._limit:
+            self.set()
+        return self.is_set()
+
+
+def test_a_fleet_failed_at_once_spreads_its_retries() -> None:
+    # The API server fails every node's publisher at once (an overload): were their pauses
+    # deterministic, all retries of the fleet would arrive together, wave after wave.
+    eighth: list[float] = []
+    for node in range(50):
+        store = FakeSliceStore()
+        store.down = True
+        pub = publisher.Publisher(
+            store=store,
+            node=NODE,
+            driver=DRIVER,
+            render=render_devices("gpu-0"),
+            alive=lambda other: True,
+            draw=random.Random(node).random,
+        )
+        stop = CountingStop(pauses=8)
+        pub.run(stop)
+        assert len(stop.pauses) == 8 and max(stop.pauses) <= publisher.MAX_BACKOFF_S
+        eighth.append(stop.pauses[-1])
+    assert max(eighth) - min(eighth) > 10.0
+    assert len({round(p, 3) for p in eighth}) == len(eighth)
 
 
 def test_two_instances_with_different_inventories_do_not_fight(running: Any) -> None:

@@ -1,7 +1,9 @@
 """Reconcile planning of a node's ResourceSlice pool (pure).
 
-Cases: first publish; nothing to do; a slice deleted by someone; a pool wiped after we
-published; content changed; fewer slices; stale slices of another pool; a hand edit; server-side
+Cases: first publish; nothing to do; a slice deleted by someone, a partly failed create or
+update (completed at the pool's generation, the right slices left alone) and a missing slice
+beside a changed one (a new generation); a pool wiped after we published; content changed;
+fewer slices; stale slices of another pool; a hand edit; server-side
 canonicalization is not a change; tolerant parsing.
 """
 
@@ -77,13 +79,53 @@ def test_up_to_date_pool_needs_nothing() -> None:
     assert result.generation == 3
 
 
-def test_slice_deleted_by_someone_comes_back_with_a_higher_generation() -> None:
+def test_slice_deleted_by_someone_comes_back_at_the_pools_generation() -> None:
     desired = [body("gpu-0"), body("gpu-1")]
     existing = published(desired)
     result = plan(desired, existing[1:], last=1)
-    assert result.generation == 2
+    assert result.generation == 1
     assert [b["metadata"]["name"] for b in result.creates] == ["node-a-gpu.nvidia.com-0"]
-    assert [b["metadata"]["resourceVersion"] for b in result.updates] == ["101"]
+    assert result.creates[0]["spec"]["pool"]["generation"] == 1
+    assert not result.updates and not result.deletes  # the slice that was right is left alone
+
+
+def test_partly_failed_first_publish_creates_only_what_is_missing() -> None:
+    # The creates of the first pass timed out after the first: the next pass completes the
+    # pool instead of raising the generation and rewriting the slice that was right.
+    desired = [body("gpu-0"), body("gpu-1"), body("gpu-2")]
+    existing = published(desired)[:1]
+    result = plan(desired, existing, last=0)
+    assert result.generation == 1
+    assert [b["metadata"]["name"] for b in result.creates] == [
+        "node-a-gpu.nvidia.com-1",
+        "node-a-gpu.nvidia.com-2",
+    ]
+    assert not result.updates
+
+
+def test_partly_failed_update_updates_only_the_slice_left_behind() -> None:
+    old = published([body("gpu-0"), body("gpu-1")])
+    new = [body("gpu-0", memory="140Gi"), body("gpu-1", memory="140Gi")]
+    first = plan(new, old, last=1)
+    assert first.generation == 2 and len(first.updates) == 2
+    done = as_stored(first.updates[0], 0)  # the second update failed
+    result = plan(new, [done, old[1]], last=1)
+    assert result.generation == 2
+    (update,) = result.updates
+    assert update["metadata"]["name"] == "node-a-gpu.nvidia.com-1"
+    assert update["metadata"]["resourceVersion"] == "101"
+    assert update["spec"]["devices"][0]["capacity"]["memory"]["value"] == "140Gi"
+    assert not result.creates
+
+
+def test_missing_slice_beside_a_changed_one_raises_the_generation() -> None:
+    # The slice still at the pool's generation holds old content: completing the pool at that
+    # generation would mix old and new, so everything goes one generation up.
+    existing = published([body("gpu-0"), body("gpu-1")])
+    desired = [body("gpu-0", memory="140Gi"), body("gpu-1", memory="140Gi")]
+    result = plan(desired, existing[:1], last=1)
+    assert result.generation == 2
+    assert len(result.creates) == 1 and len(result.updates) == 1
     assert {b["spec"]["pool"]["generation"] for b in result.creates + result.updates} == {2}
 
 

@@ -4,12 +4,14 @@ Cases (table): a request of ``gpu.nvidia.com`` asking more memory than the large
 GPU is refused naming the request, the amount and the most; asking at most that is allowed;
 ``mig.nvidia.com`` is judged against MIG devices only; other classes, other domains and
 unknown capacities pass; nothing is refused while nothing is known. The largest amounts come
-from the published slices of this driver only; the list runs at most once per period, and a
-failed list keeps the last answer (never refusing for it).
+from the published slices of this driver only; the list runs at most once per period, only
+for a review that asks for capacity, one at a time (reviews meanwhile take the last answer),
+and a failed list keeps the last answer (never refusing for it).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -92,7 +94,7 @@ def test_largest_per_class_from_this_drivers_slices() -> None:
 def test_requests_no_device_can_meet_are_refused(
     device_class: str, requests: dict[str, str], refusal: str | None
 ) -> None:
-    out = admission.review(claim_review(asking(device_class, requests)), largest=LARGEST)
+    out = admission.review(claim_review(asking(device_class, requests)), largest=lambda: LARGEST)
     assert out["response"]["allowed"] is (refusal is None)
     if refusal is not None:
         assert out["response"]["status"]["message"] == refusal
@@ -100,8 +102,8 @@ def test_requests_no_device_can_meet_are_refused(
 
 def test_nothing_is_refused_while_nothing_is_known() -> None:
     review = claim_review(asking("gpu.nvidia.com", {"memory": "1Ei"}))
-    assert admission.review(review, largest=None)["response"]["allowed"] is True
-    assert admission.review(review, largest={})["response"]["allowed"] is True
+    assert admission.review(review, largest=lambda: None)["response"]["allowed"] is True
+    assert admission.review(review, largest=lambda: {})["response"]["allowed"] is True
 
 
 def test_the_list_runs_once_per_period_and_a_failure_keeps_the_last_answer() -> None:
@@ -127,3 +129,46 @@ def test_the_list_runs_once_per_period_and_a_failure_keeps_the_last_answer() -> 
 
 
 LARGEST_OURS = published_capacity.largest(SLICES)
+
+
+def test_only_a_review_asking_for_capacity_lists_the_slices() -> None:
+    # Listing every slice costs the API server dearly in a large cluster: a claim that asks for
+    # no capacity (most claims) must not pay for it on its way in.
+    calls = []
+
+    def fetch() -> list[Any]:
+        calls.append(1)
+        return list(SLICES)
+
+    cache = published_capacity.PublishedCapacity(fetch)
+    plain = claim_review(asking("gpu.nvidia.com", {}))
+    assert admission.review(plain, largest=cache.get)["response"]["allowed"] is True
+    assert calls == []
+    too_much = claim_review(asking("gpu.nvidia.com", {"memory": "1Ti"}))
+    assert admission.review(too_much, largest=cache.get)["response"]["allowed"] is False
+    assert calls == [1]
+
+
+def test_reviews_during_a_list_take_the_last_answer_instead_of_listing_too() -> None:
+    now = [0.0]
+    release, listing = threading.Event(), threading.Event()
+    calls = []
+
+    def fetch() -> list[Any]:
+        calls.append(now[0])
+        if len(calls) == 2:  # the second list hangs until released
+            listing.set()
+            release.wait(20)
+        return list(SLICES)
+
+    cache = published_capacity.PublishedCapacity(fetch, max_age_s=30, clock=lambda: now[0])
+    assert cache.get() == LARGEST_OURS
+    now[0] = 31
+    slow = threading.Thread(target=cache.get)
+    slow.start()
+    assert listing.wait(20)
+    assert cache.get() == LARGEST_OURS  # stale, but no second list beside the running one
+    assert len(calls) == 2
+    release.set()
+    slow.join(20)
+    assert cache.get() == LARGEST_OURS and len(calls) == 2  # the new answer is fresh
