@@ -23,6 +23,37 @@ POD_B = "7b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9"
 GIB = 1 << 30
 
 
+def served(
+    view: usage_series.UsageView,
+    busy: usage_series.Holder,
+    idle: usage_series.Holder,
+    *,
+    devices: tuple[str, str],
+    idle_s: float,
+    busy_processes: int,
+) -> str:
+    """The /metrics text of ``view`` with ``idle`` idle for ``idle_s`` on ``devices[1]`` and
+    ``busy`` busy on ``devices[0]``."""
+    snapshot = telemetry.Snapshot(
+        view,
+        idle=(
+            telemetry.IdleNow(
+                idle_claims.Subject(idle.claim_uid),
+                idle_claims.Activity(False, 0, (devices[1],), idle),
+                idle_s,
+            ),
+            telemetry.IdleNow(
+                idle_claims.Subject(busy.claim_uid),
+                idle_claims.Activity(True, busy_processes, (devices[0],), busy),
+                0.0,
+            ),
+        ),
+    )
+    registry = CollectorRegistry()
+    registry.register(TelemetryCollector(lambda: snapshot))
+    return generate_latest(registry).decode()
+
+
 def exported(node: str) -> str:
     """What a plugin with a busy claim (two pods) and an idle claim serves at /metrics."""
     backend = simulated.SimulatedBackend(
@@ -57,24 +88,7 @@ def exported(node: str) -> str:
             }
         },
     )
-    snapshot = telemetry.Snapshot(
-        view,
-        idle=(
-            telemetry.IdleNow(
-                idle_claims.Subject("u2"),
-                idle_claims.Activity(False, 0, ("gpu-1",), idle),
-                1860.0,
-            ),
-            telemetry.IdleNow(
-                idle_claims.Subject("u1"),
-                idle_claims.Activity(True, 2, ("gpu-0",), busy),
-                0.0,
-            ),
-        ),
-    )
-    registry = CollectorRegistry()
-    registry.register(TelemetryCollector(lambda: snapshot))
-    return generate_latest(registry).decode()
+    return served(view, busy, idle, devices=("gpu-0", "gpu-1"), idle_s=1860.0, busy_processes=2)
 
 
 def test_a_namespace_shows_its_claims_with_pods_utilization_memory_and_idle_time() -> None:
@@ -162,24 +176,7 @@ def test_two_shares_of_one_gpu_are_two_rows_each_with_its_own_use() -> None:
             "u2": {POD_B: usage_series.PodRef("team", "notebook-0")},
         },
     )
-    snapshot = telemetry.Snapshot(
-        view,
-        idle=(
-            telemetry.IdleNow(
-                idle_claims.Subject("u2"),
-                idle_claims.Activity(False, 0, ("gpu-0",), idle),
-                90.0,
-            ),
-            telemetry.IdleNow(
-                idle_claims.Subject("u1"),
-                idle_claims.Activity(True, 1, ("gpu-0",), busy),
-                0.0,
-            ),
-        ),
-    )
-    registry = CollectorRegistry()
-    registry.register(TelemetryCollector(lambda: snapshot))
-    text = generate_latest(registry).decode()
+    text = served(view, busy, idle, devices=("gpu-0", "gpu-0"), idle_s=90.0, busy_processes=1)
     found = rows.build_rows(source.parse_text(text), namespace="team", node=None)
     assert rows.table(found).splitlines()[1:] == [
         "node-a   gpu-0    NVIDIA H200   team/notebook   (no pod)           0%     0/140.4Gi"
