@@ -652,6 +652,18 @@ def _dry_run_post(client: KubeClient, event: dict[str, Any]) -> tuple[int, str]:
     return _status_of(lambda: client.request("POST", path, query={"dryRun": "All"}, body=event))
 
 
+def _idle_plugin(
+    cluster: Cluster, node_a: dict[str, Any], tmp_path: Path
+) -> tuple[KubeClient, dict[str, Any]]:
+    """The idle-events release's plugin on node A, and the GpuIdle Event its telemetry loop
+    sends about pod notebook-0 (telemetry_wiring.start posts the same)."""
+    from dra_gpu.plugin import telemetry_wiring
+
+    client = _as_account(cluster, tmp_path, node_a, account=IDLE_SA, namespace=IDLE_NS)
+    pod = _involved("Pod", "notebook-0")
+    return client, telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-a")
+
+
 def test_plugin_posts_its_gpuidle_warnings_about_pods_and_claims_in_any_namespace(
     cluster: Cluster,
     idle_plugin_identity: tuple[dict[str, Any], dict[str, Any]],
@@ -661,10 +673,7 @@ def test_plugin_posts_its_gpuidle_warnings_about_pods_and_claims_in_any_namespac
     from dra_gpu.prepare import events
 
     node_a, _node_b = idle_plugin_identity
-    client = _as_account(cluster, tmp_path, node_a, account=IDLE_SA, namespace=IDLE_NS)
-    pod = _involved("Pod", "notebook-0")
-    # What the plugin's telemetry loop sends (telemetry_wiring.start posts the same).
-    mine = telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-a")
+    client, mine = _idle_plugin(cluster, node_a, tmp_path)
     try:
         wait_for(
             "RBAC and the claim-events policy to be in force",
@@ -698,9 +707,7 @@ def test_plugin_may_post_no_other_event_about_pods_and_claims(
     from dra_gpu.plugin import telemetry_wiring
 
     node_a, _node_b = idle_plugin_identity
-    client = _as_account(cluster, tmp_path, node_a, account=IDLE_SA, namespace=IDLE_NS)
-    pod = _involved("Pod", "notebook-0")
-    mine = telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-a")
+    client, mine = _idle_plugin(cluster, node_a, tmp_path)
     secret = _involved("Secret", "db-password")
     refused: dict[str, tuple[dict[str, Any], str]] = {
         "another reason": (
@@ -714,7 +721,9 @@ def test_plugin_may_post_no_other_event_about_pods_and_claims(
             "not Normal PrepareFailed",
         ),
         "another node as source": (
-            telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-b"),
+            telemetry_wiring.idle_event(
+                _involved("Pod", "notebook-0"), IDLE_TEXT, node="policy-node-b"
+            ),
             "must name its own node as the Event's source.host",
         ),
         "no source": ({**mine, "source": {"component": "x"}}, "source.host"),
