@@ -20,11 +20,11 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from dra_gpu.top.source import parse_text
+from dra_gpu.top.rows import Sample
+from dra_gpu.top.source import from_urls
 from e2e.suite.kube import Kube, wait_for
 
 BUSY_MIB = 776
@@ -50,15 +50,10 @@ class TelemetryReport:
         print(f"[gpu-demo] {'ok  ' if ok else 'FAIL'} {what}: {detail}", flush=True)
 
 
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5.0) as answer:
-        return str(answer.read().decode())
-
-
-def pods_usage(text: str, namespace: str) -> dict[str, PodUsage]:
+def pods_usage(samples: Iterable[Sample], namespace: str) -> dict[str, PodUsage]:
     """Pod name -> its series, for the pods of ``namespace``."""
     values: dict[str, dict[str, float]] = {}
-    for name, labels, value in parse_text(text):
+    for name, labels, value in samples:
         if name.startswith("dra_gpu_pod_") and labels.get("pod_namespace") == namespace:
             values.setdefault(labels.get("pod_name", ""), {})[name] = value
     return {
@@ -93,7 +88,7 @@ def observe(
     report = TelemetryReport()
 
     def both_seen() -> dict[str, PodUsage] | None:
-        usage = pods_usage(scrape(url), namespace)
+        usage = pods_usage(from_urls([url]), namespace)
         got = {p: usage.get(p) for p in (busy, idle)}
         if all(u is not None and u.memory_bytes for u in got.values()):
             return usage
@@ -105,7 +100,7 @@ def observe(
     idle_util: list[float] = []
     usage: Mapping[str, PodUsage] = {}
     for _ in range(4):
-        usage = pods_usage(scrape(url), namespace)
+        usage = pods_usage(from_urls([url]), namespace)
         report.lines.append(
             "  ".join(
                 f"{p}: memory {(u.memory_bytes or 0) / MIB:.0f} MiB, "

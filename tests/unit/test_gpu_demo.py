@@ -18,6 +18,7 @@ import tarfile
 from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.top.source import parse_text
 from e2e.gpu import claim_facts, demo, share_pods, stage, telemetry_pods
 
 ONE = """cuda-driver: 13.0
@@ -176,7 +177,7 @@ def test_pod_series_are_read_by_pod_from_the_plugins_metrics() -> None:
         "# TYPE dra_gpu_pod_utilization_ratio gauge\n"
         'dra_gpu_pod_utilization_ratio{pod_namespace="gpu-demo",pod_name="shared-a"} 0.97\n'
     )
-    usage = telemetry_pods.pods_usage(text, "gpu-demo")
+    usage = telemetry_pods.pods_usage(parse_text(text), "gpu-demo")
     assert usage == {"shared-a": telemetry_pods.PodUsage(1.3e9, 0.97, None)}
 
 
