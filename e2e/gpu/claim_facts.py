@@ -84,7 +84,8 @@ def metadata_files(log: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _plain(attributes: Mapping[str, Any]) -> dict[str, Any]:
+def plain(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """Attributes as a slice or metadata file writes them (``{"string": v}``), as plain values."""
     return {k: next(iter(v.values())) for k, v in attributes.items() if isinstance(v, dict) and v}
 
 
@@ -93,7 +94,7 @@ def metadata_device(document: Mapping[str, Any], device: str) -> dict[str, Any] 
     for request in document.get("requests") or []:
         for d in request.get("devices") or []:
             if d.get("driver") == DRIVER_NAME and d.get("name") == device:
-                return _plain(d.get("attributes") or {})
+                return plain(d.get("attributes") or {})
     return None
 
 

@@ -155,8 +155,7 @@ def published_devices(kube: Kube, node: str) -> dict[str, dict[str, Any]]:
         if s["spec"].get("nodeName") != node or s["spec"].get("driver") != DRIVER_NAME:
             continue
         for d in s["spec"].get("devices", []):
-            attrs = {k: next(iter(v.values())) for k, v in d.get("attributes", {}).items()}
-            devices[d["name"]] = attrs
+            devices[d["name"]] = claim_facts.plain(d.get("attributes", {}))
     return devices
 
 
