@@ -38,6 +38,7 @@ from dra_gpu.controller import classes as device_classes
 from dra_gpu.devices import naming, partitions, shares, simulated
 from dra_gpu.explain import analysis
 from dra_gpu.kube.objects import DeviceClassSpec, ResourceClaim
+from dra_gpu.prepare.sharing import mps
 from dra_gpu.kubeletplugin import slices
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_gpu.prepare.sharing.applied import recording_path
@@ -269,7 +270,7 @@ def result_of(claim: dict[str, Any]) -> dict[str, Any]:
 
 
 def daemon_limits(node: Node) -> dict[str, list[str]]:
-    """MPS daemon directory (claim UID) -> the limits sent to it, from the recorded commands."""
+    """MPS daemon directory (the claim's key) -> the limits sent to it, from the recorded commands."""
     out: dict[str, list[str]] = {}
     for command in node.commands():
         pipe = (command.get("env") or {}).get("CUDA_MPS_PIPE_DIRECTORY", "")
@@ -307,9 +308,10 @@ def test_three_40gi_shares_on_one_h200_and_a_fourth_pending(node: Node) -> None:
     for name, claim in claims.items():
         assert node.call("prepare", claim) == "", (name, node.log.read_text()[-3000:])
     limits = daemon_limits(node)
-    uids = {n: c["metadata"]["uid"] for n, c in claims.items()}
+    # The daemon directory is named by the claim's key, not its UID (socket path length).
+    keys = {n: mps.claim_key(c["metadata"]["uid"]) for n, c in claims.items()}
     for name in names:
-        assert limits[uids[name]] == ["set_default_device_pinned_mem_limit 0 40960M"], limits
+        assert limits[keys[name]] == ["set_default_device_pinned_mem_limit 0 40960M"], limits
     specs = sorted(p.name for p in node.dirs.cdi_root.glob("*.json"))
     assert len(specs) == 3, specs
 
@@ -320,7 +322,7 @@ def test_three_40gi_shares_on_one_h200_and_a_fourth_pending(node: Node) -> None:
         for c in node.commands()
         if (c.get("stdin") or "").strip() == "quit"
     ]
-    assert quits == [uids["a"]]
+    assert quits == [keys["a"]]
     node.cluster.kubectl("delete", "-n", node.name, "pod", "a", "--grace-period=0", "--force")
     fourth = wait_for(
         "the fourth allocated once a share is free",
