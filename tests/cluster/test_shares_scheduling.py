@@ -38,9 +38,9 @@ from dra_gpu.controller import classes as device_classes
 from dra_gpu.devices import naming, partitions, shares, simulated
 from dra_gpu.explain import analysis
 from dra_gpu.kube.objects import DeviceClassSpec, ResourceClaim
-from dra_gpu.prepare.sharing import mps
 from dra_gpu.kubeletplugin import slices
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
+from dra_gpu.prepare.sharing import mps
 from dra_gpu.prepare.sharing.applied import recording_path
 from e2e import procs, waiting
 from e2e.cluster import SIMULATED_TOLERATION, Cluster
@@ -270,7 +270,7 @@ def result_of(claim: dict[str, Any]) -> dict[str, Any]:
 
 
 def daemon_limits(node: Node) -> dict[str, list[str]]:
-    """MPS daemon directory (the claim's key) -> the limits sent to it, from the recorded commands."""
+    """MPS daemon directory (the claim's key) -> the limits sent to it, as recorded."""
     out: dict[str, list[str]] = {}
     for command in node.commands():
         pipe = (command.get("env") or {}).get("CUDA_MPS_PIPE_DIRECTORY", "")
