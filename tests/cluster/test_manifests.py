@@ -652,28 +652,21 @@ def _dry_run_post(client: KubeClient, event: dict[str, Any]) -> tuple[int, str]:
     return _status_of(lambda: client.request("POST", path, query={"dryRun": "All"}, body=event))
 
 
-def _idle_plugin(
-    cluster: Cluster, node_a: dict[str, Any], tmp_path: Path
-) -> tuple[KubeClient, dict[str, Any]]:
-    """The idle-events release's plugin on node A, and the GpuIdle Event its telemetry loop
-    sends about pod notebook-0 (telemetry_wiring.start posts the same)."""
-    from dra_gpu.plugin import telemetry_wiring
-
-    client = _as_account(cluster, tmp_path, node_a, account=IDLE_SA, namespace=IDLE_NS)
-    pod = _involved("Pod", "notebook-0")
-    return client, telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-a")
-
-
-def test_plugin_posts_its_gpuidle_warnings_about_pods_and_claims_in_any_namespace(
+@pytest.fixture
+def idle_plugin(
     cluster: Cluster,
     idle_plugin_identity: tuple[dict[str, Any], dict[str, Any]],
     tmp_path: Path,
-) -> None:
+) -> Iterator[tuple[KubeClient, dict[str, Any]]]:
+    """The idle-events release's plugin on node A, once RBAC and the claim-events policy are in
+    force, and the GpuIdle Event its telemetry loop sends about pod notebook-0
+    (telemetry_wiring.start posts the same)."""
     from dra_gpu.plugin import telemetry_wiring
-    from dra_gpu.prepare import events
 
     node_a, _node_b = idle_plugin_identity
-    client, mine = _idle_plugin(cluster, node_a, tmp_path)
+    client = _as_account(cluster, tmp_path, node_a, account=IDLE_SA, namespace=IDLE_NS)
+    pod = _involved("Pod", "notebook-0")
+    mine = telemetry_wiring.idle_event(pod, IDLE_TEXT, node="policy-node-a")
     try:
         wait_for(
             "RBAC and the claim-events policy to be in force",
@@ -682,32 +675,39 @@ def test_plugin_posts_its_gpuidle_warnings_about_pods_and_claims_in_any_namespac
                 and _dry_run_post(client, {**mine, "reason": "Evicted"})[0] == 403
             ),
         )
-        # Posted for real, the way the loop posts it, and stored.
-        events.post(client, mine)
-        stored = json.loads(
-            cluster.kubectl("get", "events", "-n", TEAM_NS, mine["metadata"]["name"], "-o", "json")
-        )
-        assert (stored["reason"], stored["involvedObject"]["name"]) == ("GpuIdle", "notebook-0")
-        claim = _involved("ResourceClaim", "notebook")
-        assert _dry_run_post(
-            client, telemetry_wiring.idle_event(claim, IDLE_TEXT, node="policy-node-a")
-        ) == (200, "")
-        # Its Node events are still judged by the node policy.
-        assert _dry_run_post(client, _node_event("policy-node-a")) == (200, "")
-        assert _dry_run_post(client, _node_event("policy-node-a", name="policy-node-b"))[0] == 403
+        yield client, mine
     finally:
         client.close()
 
 
+def test_plugin_posts_its_gpuidle_warnings_about_pods_and_claims_in_any_namespace(
+    cluster: Cluster, idle_plugin: tuple[KubeClient, dict[str, Any]]
+) -> None:
+    from dra_gpu.plugin import telemetry_wiring
+    from dra_gpu.prepare import events
+
+    client, mine = idle_plugin
+    # Posted for real, the way the loop posts it, and stored.
+    events.post(client, mine)
+    stored = json.loads(
+        cluster.kubectl("get", "events", "-n", TEAM_NS, mine["metadata"]["name"], "-o", "json")
+    )
+    assert (stored["reason"], stored["involvedObject"]["name"]) == ("GpuIdle", "notebook-0")
+    claim = _involved("ResourceClaim", "notebook")
+    assert _dry_run_post(
+        client, telemetry_wiring.idle_event(claim, IDLE_TEXT, node="policy-node-a")
+    ) == (200, "")
+    # Its Node events are still judged by the node policy.
+    assert _dry_run_post(client, _node_event("policy-node-a")) == (200, "")
+    assert _dry_run_post(client, _node_event("policy-node-a", name="policy-node-b"))[0] == 403
+
+
 def test_plugin_may_post_no_other_event_about_pods_and_claims(
-    cluster: Cluster,
-    idle_plugin_identity: tuple[dict[str, Any], dict[str, Any]],
-    tmp_path: Path,
+    cluster: Cluster, idle_plugin: tuple[KubeClient, dict[str, Any]], tmp_path: Path
 ) -> None:
     from dra_gpu.plugin import telemetry_wiring
 
-    node_a, _node_b = idle_plugin_identity
-    client, mine = _idle_plugin(cluster, node_a, tmp_path)
+    client, mine = idle_plugin
     secret = _involved("Secret", "db-password")
     refused: dict[str, tuple[dict[str, Any], str]] = {
         "another reason": (
@@ -737,20 +737,10 @@ def test_plugin_may_post_no_other_event_about_pods_and_claims(
             f"not about Secret {TEAM_NS}/db-password",
         ),
     }
-    try:
-        wait_for(
-            "RBAC and the claim-events policy to be in force",
-            lambda: (
-                _dry_run_post(client, mine)[0] == 200
-                and _dry_run_post(client, {**mine, "reason": "Evicted"})[0] == 403
-            ),
-        )
-        for what, (event, says) in refused.items():
-            status, message = _dry_run_post(client, event)
-            assert status == 403, (what, status, message)
-            assert says in message, (what, message)
-    finally:
-        client.close()
+    for what, (event, says) in refused.items():
+        status, message = _dry_run_post(client, event)
+        assert status == 403, (what, status, message)
+        assert says in message, (what, message)
     # A token of the same account bound to no node posts nothing.
     unbound = _as_account(cluster, tmp_path, None, account=IDLE_SA, namespace=IDLE_NS)
     try:
