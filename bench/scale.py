@@ -50,6 +50,7 @@ import base64
 import contextlib
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -94,10 +95,6 @@ SENDERS = 24  # threads sending paced creates (webhook and pods)
 
 def log(line: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
-
-
-def ns_of(layout: sl.Layout) -> str:
-    return f"scale-{layout.name}"
 
 
 # ----- the control plane's figures ----------------------------------------------------------
@@ -546,8 +543,8 @@ class Workload:
     create_errors: int
 
 
-def run_workload(client: KubeClient, layout: sl.Layout, pods: int, rate: float) -> Workload:
-    ns = ns_of(layout)
+def run_workload(client: KubeClient, run: sl.Run, pods: int, rate: float) -> Workload:
+    layout, ns = run.layout, run.namespace
     base = f"/api/v1/namespaces/{ns}"
     client.request(
         "POST",
@@ -619,14 +616,14 @@ def _delete_all(client: KubeClient, path: str, what: str, query: Mapping[str, st
     waiting.wait_for(f"{what} to be gone", gone, timeout=600, every=0.5)
 
 
-def clean_up(client: KubeClient, layout: sl.Layout) -> float:
+def clean_up(client: KubeClient, run: sl.Run) -> float:
     """Delete the layout's pods and claims, and all slices; seconds it took.
 
     Collection deletes through the API (not kubectl, whose 120 s limit a loaded API server with
     a thousand pods exceeded, ending the whole run). The slices and the workload go in parallel:
     neither waits for the other (the claims' deallocation needs no slice), and the slices of a
     large layout take as long to delete as the claims."""
-    ns = ns_of(layout)
+    ns = run.namespace
     start = time.monotonic()
 
     def workload() -> None:
@@ -642,11 +639,12 @@ def clean_up(client: KubeClient, layout: sl.Layout) -> float:
     return time.monotonic() - start
 
 
-def explain_seconds(kubeconfig: Path, layout: sl.Layout, workdir: Path) -> float:
-    path = workdir / f"template-{layout.name}.yaml"
-    path.write_text(json.dumps(sl.claim_template(layout, name=TEMPLATE, namespace=ns_of(layout))))
+def explain_seconds(kubeconfig: Path, run: sl.Run, workdir: Path) -> float:
+    path = workdir / f"template-{run.namespace}.yaml"
+    body = sl.claim_template(run.layout, name=TEMPLATE, namespace=run.namespace)
+    path.write_text(json.dumps(body))
     argv = [sys.executable, "-m", "dra_gpu", "explain", "-f", str(path)]
-    argv += ["-n", ns_of(layout), "--kubeconfig", str(kubeconfig)]
+    argv += ["-n", run.namespace, "--kubeconfig", str(kubeconfig)]
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     seconds = time.monotonic() - start
@@ -661,7 +659,7 @@ def explain_seconds(kubeconfig: Path, layout: sl.Layout, workdir: Path) -> float
 
 @dataclass
 class Figures:
-    layout: sl.Layout
+    run: sl.Run
     devices_per_node: int = 0
     slices_per_node: int = 0
     kib_per_node: float = 0.0
@@ -679,6 +677,10 @@ class Figures:
     explain_s: float = 0.0
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)
     stopped: str | None = None
+
+    @property
+    def layout(self) -> sl.Layout:
+        return self.run.layout
 
 
 def watch_count(samples: Mapping[str, Sequence[sl.Sample]], resource: str | None) -> float:
@@ -712,7 +714,7 @@ def steady_state(
 def run_layout(
     cluster: Cluster,
     client: KubeClient,
-    layout: sl.Layout,
+    run: sl.Run,
     *,
     steady: bool,
     nodes: Sequence[str],
@@ -723,10 +725,10 @@ def run_layout(
     workers: Workers,
     spawn_next: Callable[[], Workers | None],
 ) -> tuple[Figures, Workers | None]:
-    """The layout's figures, measured with ``workers`` (this layout's publishers, not started
-    yet); a run the guard stopped (or a worker that died) keeps those it has, and the reason.
-    The next layout's workers (``spawn_next``) are started before the clean-up and returned."""
-    fig = Figures(layout)
+    """The run's figures, measured with ``workers`` (its layout's publishers, not started yet);
+    a run the guard stopped (or a worker that died) keeps those it has, and the reason. The
+    next run's workers (``spawn_next``) are started before the clean-up and returned."""
+    fig = Figures(run)
     try:
         _measure(
             fig,
@@ -742,14 +744,14 @@ def run_layout(
         )
     except (RuntimeError, waiting.WaitTimeout) as err:
         fig.stopped = guard.tripped or str(err)
-        log(f"{layout.name}: stopped: {fig.stopped}")
+        log(f"{run.label}: stopped: {fig.stopped}")
     finally:
         guard.watch(None)
         workers.stop()
     log("before clean-up:\n" + "\n".join(table([fig], len(nodes))))  # kept if clean-up fails
     following = spawn_next()
     if following is not None:  # after the last layout the cluster goes as a whole
-        log(f"{layout.name}: cleaned up in {clean_up(client, layout):.1f} s")
+        log(f"{run.label}: cleaned up in {clean_up(client, run):.1f} s")
     return fig, following
 
 
@@ -771,30 +773,30 @@ def _measure(
     fig.slices_per_node = len(sample)
     fig.devices_per_node = sum(len(s["spec"].get("devices") or []) for s in sample)
     fig.kib_per_node = len(json.dumps(sample)) / 1024
-    client.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns_of(layout)}})
+    client.request("POST", "/api/v1/namespaces", body={"metadata": {"name": fig.run.namespace}})
     fig.before = memory(cluster, pids)
-    log(f"{layout.name}: starting the {len(nodes)} publishers of {args.workers} workers")
+    log(f"{fig.run.label}: starting the {len(nodes)} publishers of {args.workers} workers")
     guard.watch(workers)
     start, synced = workers.go()
     fig.publish_s = max(synced) - start
-    log(f"{layout.name}: all slices published in {fig.publish_s:.1f} s")
+    log(f"{fig.run.label}: all slices published in {fig.publish_s:.1f} s")
     fig.cold_calls = {k: v / len(nodes) for k, v in workers.counts().items()}
     time.sleep(2.0)
     fig.after = memory(cluster, pids)
     if steady:
         steady_state(fig, cluster, workers, seconds=args.steady_s, nodes=len(nodes))
-    log(f"{layout.name}: restarting the publishers over their slices")
+    log(f"{fig.run.label}: restarting the publishers over their slices")
     workers.restart()
     start, synced = workers.go()
     fig.republish_s = max(synced) - start
-    log(f"{layout.name}: restarted publishers in sync in {fig.republish_s:.1f} s")
+    log(f"{fig.run.label}: restarted publishers in sync in {fig.republish_s:.1f} s")
     counts = workers.counts()
     fig.rewrites = sum(counts.get(k, 0) for k in ("POST resourceslices", "PUT resourceslices"))
-    log(f"{layout.name}: workload of {args.pods} pods at {args.rate}/s")
-    fig.workload = run_workload(client, layout, args.pods, args.rate)
-    log(f"{layout.name}: {fig.workload}")
-    fig.explain_s = explain_seconds(cluster.kubeconfig, layout, workdir)
-    log(f"{layout.name}: dra-gpu explain took {fig.explain_s:.1f} s")
+    log(f"{fig.run.label}: workload of {args.pods} pods at {args.rate}/s")
+    fig.workload = run_workload(client, fig.run, args.pods, args.rate)
+    log(f"{fig.run.label}: {fig.workload}")
+    fig.explain_s = explain_seconds(cluster.kubeconfig, fig.run, workdir)
+    log(f"{fig.run.label}: dra-gpu explain took {fig.explain_s:.1f} s")
     fig.load = os.getloadavg()
 
 
@@ -879,10 +881,47 @@ def table(figs: Sequence[Figures], nodes: int) -> list[str]:
         ("load average at the end (1 min)", lambda f: _f(f.load[0], 2)),
         ("stopped", lambda f: f.stopped or "no"),
     ]
-    head = f"| {nodes} nodes | " + " | ".join(f"`{f.layout.name}`" for f in figs) + " |"
+    head = f"| {nodes} nodes | " + " | ".join(f"`{f.run.label}`" for f in figs) + " |"
     lines = [head, "|" + "---|" * (len(figs) + 1)]
     lines += ["| layout | " + " | ".join(f.layout.summary for f in figs) + " |"]
     lines += [f"| {label} | " + " | ".join(cell(f) for f in figs) + " |" for label, cell in rows]
+    return lines
+
+
+def closing_lines(figs: Sequence[Figures], layouts: Sequence[sl.Layout]) -> list[str]:
+    """A line per layout, ``LAYOUT: N pods in S s, R pods/s``; with several rounds, the median
+    round's, with every round's pods/s after it, and before them each layout against
+    ``minimal`` (the ratio of the medians)."""
+    picked: dict[str, Figures] = {}
+    each: dict[str, list[float]] = {}
+    for layout in layouts:
+        mine = [f for f in figs if f.layout.name == layout.name]
+        if not mine:
+            continue
+        values = {f.run.round: f.workload.pods_per_s if f.workload else math.nan for f in mine}
+        each[layout.name] = [values[r] for r in sorted(values)]
+        try:
+            pick = sl.median_run(values)
+        except ValueError:  # no round has a workload: show the first one's reason
+            pick = mine[0].run.round
+        picked[layout.name] = next(f for f in mine if f.run.round == pick)
+    several = any(len(v) > 1 for v in each.values())
+    lines: list[str] = []
+    control = picked.get("minimal")
+    if several and control is not None and control.workload is not None:
+        for name, f in picked.items():
+            if name != "minimal" and f.workload is not None:
+                ratio = f.workload.pods_per_s / control.workload.pods_per_s
+                lines.append(f"{name} / minimal: {ratio:.2f} (pods/s, medians)")
+    for name, f in picked.items():
+        w = f.workload
+        if w is None:
+            lines.append(f"{name}: 0 pods in 0 s, stopped: {f.stopped}")
+            continue
+        line = f"{name}: {w.bound} pods in {w.seconds:.1f} s, {w.pods_per_s:.1f} pods/s"
+        if several:
+            line += f" (median of rounds: {', '.join(_f(v) for v in each[name])})"
+        lines.append(line)
     return lines
 
 
@@ -933,6 +972,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="measure the steady state on every layout (default: the first only)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of all layouts, every other one in reverse order; each layout's final "
+        "line is then its median round",
+    )
     parser.add_argument("--workers", type=int, default=2, help="publisher processes")
     parser.add_argument("--webhook-rates", default="50,200")
     parser.add_argument(
@@ -950,6 +996,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep-workdir", action="store_true")
     args = parser.parse_args(argv)
     layouts = sl.parse_layouts(args.layouts)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    runs = sl.schedule(layouts, args.repeat)
     args.pods = args.pods or args.nodes
     for layout in layouts:
         if args.pods > layout.per_node * args.nodes:
@@ -974,17 +1023,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         create_nodes(client, nodes)
         log(f"{args.nodes} nodes Ready at {time.monotonic() - began:.0f} s")
         wh.ensure_namespace(client)
-        namespaces = [wh.NS, *(ns_of(layout) for layout in layouts)]
+        namespaces = [wh.NS, *(run.namespace for run in runs)]
         hooks = webhook_figures(client, port, ca, rates, namespaces)
         register_webhook(client, port, ca, namespaces)  # the workload's claims pass it too
         guard = MemoryGuard(args.min_free_gib)
 
         def spawn(i: int) -> Workers | None:
-            if i >= len(layouts):
+            if i >= len(runs):
                 return None
             return Workers(
                 cluster.kubeconfig,
-                layouts[i],
+                runs[i].layout,
                 nodes,
                 args.workers,
                 workdir,
@@ -992,12 +1041,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
 
         workers = spawn(0)
-        for i, layout in enumerate(layouts):
+        for i, run in enumerate(runs):
             assert workers is not None
             fig, workers = run_layout(
                 cluster,
                 client,
-                layout,
+                run,
                 steady=args.steady_every or i == 0,
                 nodes=nodes,
                 args=args,
@@ -1014,21 +1063,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     total = time.monotonic() - began
     print(
         f"\n{args.nodes} nodes, {args.pods} pods per layout at {args.rate:.0f}/s, "
-        f"steady window {args.steady_s:.0f} s, {args.workers} publisher workers; "
+        f"steady window {args.steady_s:.0f} s, {args.workers} publisher workers, "
+        f"{args.repeat} round(s); "
         f"{os.cpu_count()} CPUs; run took {total:.0f} s\n"
     )
     print("\n".join(table(figs, args.nodes)))
     print()
     print("\n".join(webhook_table(hooks)))
     print()
-    for f in figs:
-        w = f.workload
-        if w is None:
-            print(f"{f.layout.name}: 0 pods in 0 s, stopped: {f.stopped}")
-        else:
-            print(
-                f"{f.layout.name}: {w.bound} pods in {w.seconds:.1f} s, {w.pods_per_s:.1f} pods/s"
-            )
+    print("\n".join(closing_lines(figs, layouts)))
     if not args.keep_workdir:
         import shutil
 

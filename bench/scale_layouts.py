@@ -9,6 +9,11 @@ A layout is what every simulated node publishes and what each pod's claim asks f
 - ``mig``: ``a100x4-mig`` (one full GPU, 9 MIG devices), a claim for a ``3g.20gb`` MIG device;
 - ``dynamic-mig``: ``h100x8-mig`` as ``--mig-mode dynamic`` publishes it (``DynamicMigBackend``:
   every profile at every placement, consuming shared counters), a claim for ``1g.10gb``;
+- ``no-versions``: ``static`` without its three version attributes (``cudaComputeCapability``,
+  ``driverVersion``, ``cudaDriverVersion``), the same claim: not a layout the driver could
+  publish (claims written for NVIDIA's driver compare those attributes with ``semver``), but the
+  one that shows what their parsing costs the scheduler (``bench/cel_match.py``); not in the
+  default run;
 - ``consumable``: the same 8 H200 as a node with ``--consumable-shares memory`` publishes them
   (``allowMultipleAllocations``, a ``requestPolicy`` for memory in 1Mi steps), a claim for one
   GPU by product name that asks ``capacity.requests: {memory: 40Gi}``: three such shares fit
@@ -20,6 +25,7 @@ slices from the driver's own builder (``published.node_slices`` / ``slices``).
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +34,7 @@ from typing import Any
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
-from dra_gpu.devices import naming, partitions, shares, simulated
+from dra_gpu.devices import model, naming, partitions, shares, simulated
 from dra_gpu.kubeletplugin import slices
 from dra_gpu.plugin import published
 
@@ -90,6 +96,27 @@ def _minimal(node: str, uid: str) -> list[JSON]:
     )
 
 
+VERSION_ATTRIBUTES = (
+    model.ATTR_CUDA_COMPUTE_CAPABILITY,
+    model.ATTR_DRIVER_VERSION,
+    model.ATTR_CUDA_DRIVER_VERSION,
+)
+
+
+def without_attributes(rendered: list[JSON], names: Sequence[str]) -> list[JSON]:
+    """Slice bodies whose devices lack the attributes ``names`` (a copy)."""
+    out = copy.deepcopy(rendered)
+    for body in out:
+        for device in body["spec"].get("devices") or []:
+            for name in names:
+                device.get("attributes", {}).pop(name, None)
+    return out
+
+
+def _no_versions(node: str, uid: str) -> list[JSON]:
+    return without_attributes(_product("h200x8", dynamic=False)(node, uid), VERSION_ATTRIBUTES)
+
+
 def _attr(name: str) -> str:
     return f"device.attributes['{DRIVER_NAME}'].{name}"
 
@@ -121,6 +148,14 @@ LAYOUTS: Mapping[str, Layout] = {
         f"{_attr('profile')} == '1g.10gb'",
         56,
         "h100x8-mig, dynamic (200 placements, counters)",
+    ),
+    "no-versions": Layout(
+        "no-versions",
+        _no_versions,
+        GPU_CLASS,
+        f"{_attr('productName')} == 'NVIDIA H200'",
+        8,
+        "8 H200 without version attributes",
     ),
     "consumable": Layout(
         "consumable",
@@ -225,3 +260,45 @@ def per_node_minute(
 
 def rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("nan")
+
+
+# ----- repeated runs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measurement of a layout: its ``round`` (from 1) of ``--repeat``."""
+
+    layout: Layout
+    round: int = 1
+
+    @property
+    def label(self) -> str:
+        return self.layout.name if self.round == 1 else f"{self.layout.name} ({self.round})"
+
+    @property
+    def namespace(self) -> str:
+        base = f"scale-{self.layout.name}"
+        return base if self.round == 1 else f"{base}-{self.round}"
+
+
+def schedule(layouts: Sequence[Layout], repeat: int) -> list[Run]:
+    """The runs of ``repeat`` rounds, every other round in reverse order (``a b``, ``b a``,
+    ``a b``): what comes first or last in a round, after the publishers' start or beside a
+    slow clean-up, falls to each layout alike."""
+    if repeat < 1:
+        raise ValueError("repeat must be at least 1")
+    runs: list[Run] = []
+    for r in range(repeat):
+        order = layouts if r % 2 == 0 else list(reversed(layouts))
+        runs += [Run(layout, r + 1) for layout in order]
+    return runs
+
+
+def median_run(values: Mapping[int, float]) -> int:
+    """Of a layout's rounds and their pods/s, the round whose value is the median (the lower
+    middle one for an even count); rounds without a figure (NaN) are left out."""
+    known = sorted((v, r) for r, v in values.items() if not math.isnan(v))
+    if not known:
+        raise ValueError("no round has a figure")
+    return known[(len(known) - 1) // 2][1]

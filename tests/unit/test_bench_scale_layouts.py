@@ -5,11 +5,14 @@ Cases:
   publish, and as many devices per node as the layout says (a selector that matched nothing
   would leave every pod unscheduled and the run measuring nothing);
 - ``minimal`` publishes the same device names as ``static`` with only ``type``;
+- ``no-versions`` publishes ``static``'s devices less exactly the three version attributes;
 - ``dynamic-mig`` consumes counters published in the same pool;
 - ``consumable`` publishes shareable H200s and its claim asks for a 40Gi share, so that as many
   claims fit a node as the layout says;
 - unknown layouts are refused by name;
-- request counters: deltas per key, scaled per node per minute.
+- request counters: deltas per key, scaled per node per minute;
+- ``--repeat``: rounds alternate their order, each run has its own namespace, and a layout's
+  figure is its median round's (a round without a figure does not count).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def matching(layout: sl.Layout) -> list[str]:
     return [d["name"] for d in devices(layout) if d["attributes"].get(name) == {"string": value}]
 
 
-@pytest.mark.parametrize("name", ["static", "minimal", "mig", "dynamic-mig"])
+@pytest.mark.parametrize("name", ["static", "minimal", "mig", "dynamic-mig", "no-versions"])
 def test_the_claim_selects_the_devices_the_layout_counts_on(name: str) -> None:
     (layout,) = sl.parse_layouts(name)
     assert len(matching(layout)) == layout.per_node
@@ -65,6 +68,15 @@ def test_minimal_is_static_with_only_the_type() -> None:
     assert [d["name"] for d in devices(minimal)] == [d["name"] for d in devices(static)]
     assert all(d["attributes"] == {"type": {"string": "gpu"}} for d in devices(minimal))
     assert all(len(d["attributes"]) > 1 for d in devices(static))
+
+
+def test_no_versions_is_static_less_exactly_its_version_attributes() -> None:
+    static, trimmed = sl.parse_layouts("static,no-versions")
+    for full, less in zip(devices(static), devices(trimmed), strict=True):
+        assert set(full["attributes"]) - set(less["attributes"]) == set(sl.VERSION_ATTRIBUTES)
+        assert all(full["attributes"][k] == v for k, v in less["attributes"].items())
+        assert less["capacity"] == full["capacity"]
+    assert all("version" in devices(static)[0]["attributes"][k] for k in sl.VERSION_ATTRIBUTES)
 
 
 def test_dynamic_mig_consumes_counters_of_its_own_pool() -> None:
@@ -117,3 +129,30 @@ def test_percentile_by_nearest_rank() -> None:
     assert sl.percentile(values, 0.5) == 50.0
     assert sl.percentile(values, 0.99) == 99.0
     assert sl.percentile([3.0], 0.99) == 3.0
+
+
+def test_rounds_alternate_their_order_in_namespaces_of_their_own() -> None:
+    a, b = sl.parse_layouts("static,minimal")
+    runs = sl.schedule([a, b], 3)
+    assert [(r.layout.name, r.round) for r in runs] == [
+        ("static", 1),
+        ("minimal", 1),
+        ("minimal", 2),
+        ("static", 2),
+        ("static", 3),
+        ("minimal", 3),
+    ]
+    assert len({r.namespace for r in runs}) == 6
+    assert runs[0].namespace == "scale-static" and runs[0].label == "static"
+    assert runs[3].label == "static (2)"
+    assert sl.schedule([a, b], 1) == [sl.Run(a), sl.Run(b)]
+    with pytest.raises(ValueError):
+        sl.schedule([a], 0)
+
+
+def test_a_layout_is_shown_by_its_median_round() -> None:
+    assert sl.median_run({1: 14.7, 2: 11.0, 3: 13.2}) == 3
+    assert sl.median_run({1: 14.7, 2: 11.0}) == 2  # the lower middle of an even count
+    assert sl.median_run({1: float("nan"), 2: 9.0, 3: 12.0}) == 2
+    with pytest.raises(ValueError):
+        sl.median_run({1: float("nan")})
