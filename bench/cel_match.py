@@ -52,9 +52,8 @@ DRA_MODULE = "k8s.io/dynamic-resource-allocation"
 BINARY = "celmatch"
 
 
-def celmatch_binary() -> Path:
-    """The Go program, built once per pinned version and source into the binaries cache."""
-    version = binaries.module_version(GOMOD / "go.mod", DRA_MODULE)
+def celmatch_binary(version: str) -> Path:
+    """The Go program, built once per pinned ``version`` and source into the binaries cache."""
     source = hashlib.sha256()
     for name in ("go.mod", "go.sum", "main.go"):
         source.update((GOMOD / name).read_bytes())
@@ -140,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=60, help="turns each layout takes")
     parser.add_argument("--devices-per-block", type=int, default=2000)
     args = parser.parse_args(argv)
-    binary = celmatch_binary()
+    version = binaries.module_version(GOMOD / "go.mod", DRA_MODULE)
+    binary = celmatch_binary(version)
     todo = cases(sl.LAYOUTS)
     proc = subprocess.run(
         [str(binary)],
@@ -159,7 +159,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(proc.stderr, file=sys.stderr)
         return proc.returncode
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
-    version = binaries.module_version(GOMOD / "go.mod", DRA_MODULE)
     print(
         f"{DRA_MODULE} {version}, {os.cpu_count()} CPUs, {args.blocks} blocks of "
         f"{args.devices_per_block} devices per layout\n"

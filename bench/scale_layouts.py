@@ -96,10 +96,9 @@ def _minimal(node: str, uid: str) -> list[JSON]:
     )
 
 
-VERSION_ATTRIBUTES = (
-    model.ATTR_CUDA_COMPUTE_CAPABILITY,
-    model.ATTR_DRIVER_VERSION,
-    model.ATTR_CUDA_DRIVER_VERSION,
+# What the driver publishes as versions, by the device model's own account of its attributes.
+VERSION_ATTRIBUTES = tuple(
+    name for name, kind in model.ATTRIBUTE_KINDS.items() if kind is model.Version
 )
 
 
