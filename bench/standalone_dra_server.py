@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.kube.client import connect
-from dra_gpu.kubeletplugin import dra_service, grpcio_server, kit
+from dra_gpu.kubeletplugin import dra_service, events, grpcio_server, kit
 from dra_gpu.plugin import inventory, platforms, prepare_core
 from dra_gpu.prepare.sharing.applied import Switches
 
@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         state_dir=args.state_dir,
         platform=platform,
         inventory=lambda: devices,
-        client=connect(args.kubeconfig),
+        client=(client := connect(args.kubeconfig)),
+        poster=events.EventPoster(client),
         call_lock=contextlib.nullcontext,
         sharing=Switches(),
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -54,12 +54,6 @@ def serve(address: tuple[str, int], registry: CollectorRegistry) -> Callable[[],
 
 
 # --- kubelet plugin ------------------------------------------------------------------------
-
-
-class PrepareHandler(Protocol):
-    def prepare(self, refs: Sequence[Any]) -> Mapping[Any, Any]: ...
-
-    def unprepare(self, refs: Sequence[Any]) -> Mapping[Any, str]: ...
 
 
 class PluginMetrics:
@@ -130,8 +124,29 @@ class PluginMetrics:
         if outcome != "ok":
             self.nvml_failures.labels(function, outcome).inc()
 
-    def measured(self, handler: PrepareHandler) -> MeasuredHandler:
-        return MeasuredHandler(handler, self)
+    # --- a kit step (kubeletplugin.driver.Step): each call counted and timed ---------------------
+
+    def started(self, operation: str) -> None:
+        self.calls.labels(operation).inc()
+        self.in_flight.labels(operation).inc()
+
+    def prepared(self, refs: Sequence[Any], results: Mapping[Any, Any], seconds: float) -> None:
+        self._ended("prepare", seconds)
+        for result in results.values():
+            self._count("prepare", (result.kind or "Error") if result.error else "")
+
+    def unprepared(self, refs: Sequence[Any], errors: Mapping[Any, str], seconds: float) -> None:
+        self._ended("unprepare", seconds)
+        for error in errors.values():
+            self._count("unprepare", "Error" if error else "")
+
+    def _ended(self, operation: str, seconds: float) -> None:
+        self.latency.labels(operation).observe(seconds)
+        self.in_flight.labels(operation).dec()
+
+    def _count(self, operation: str, error_kind: str) -> None:
+        result = "error" if error_kind else "ok"
+        self.claims.labels(operation, result, error_kind).inc()
 
     def watch_state(
         self,
@@ -183,42 +198,6 @@ class _StateCollector(Collector):
         written.add_metric(["true"], durable)
         written.add_metric(["false"], writes - durable)
         yield written
-
-
-class MeasuredHandler:
-    """The prepare handler with its calls counted and timed; answers exactly as it does."""
-
-    def __init__(self, handler: PrepareHandler, metrics: PluginMetrics) -> None:
-        self._handler, self._m = handler, metrics
-
-    def _timed(self, operation: str, call: Callable[[], Mapping[Any, Any]]) -> Mapping[Any, Any]:
-        m = self._m
-        m.calls.labels(operation).inc()
-        gauge = m.in_flight.labels(operation)
-        gauge.inc()
-        start = time.perf_counter()
-        try:
-            return call()
-        finally:
-            m.latency.labels(operation).observe(time.perf_counter() - start)
-            gauge.dec()
-
-    def prepare(self, refs: Sequence[Any]) -> Mapping[Any, Any]:
-        results = self._timed("prepare", lambda: self._handler.prepare(refs))
-        for result in results.values():
-            kind = getattr(result, "kind", "") or "Error"
-            self._count("prepare", kind if result.error else "")
-        return results
-
-    def unprepare(self, refs: Sequence[Any]) -> Mapping[Any, str]:
-        errors = self._timed("unprepare", lambda: self._handler.unprepare(refs))
-        for error in errors.values():
-            self._count("unprepare", "Error" if error else "")
-        return errors
-
-    def _count(self, operation: str, error_kind: str) -> None:
-        result = "error" if error_kind else "ok"
-        self._m.claims.labels(operation, result, error_kind).inc()
 
 
 # --- controller ------------------------------------------------------------------------------

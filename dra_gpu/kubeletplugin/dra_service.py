@@ -1,17 +1,23 @@
-"""The kubelet's DRAPlugin services (v1 and v1beta1) over a :class:`Driver`, as a method table.
+"""The kubelet's DRAPlugin services (v1 and v1beta1) over a :class:`Driver`, as a method table:
+the one pipeline every prepare and unprepare goes through.
 
-Only translates messages: claims in, per-claim results out. Every claim of a request gets an
+A call: the request's claims (deduplicated, incomplete ones refused), the driver called once,
+then the steps in order over its typed results (metrics, failure Events, device status: each
+queues its own I/O, see ``driver.Step``), then the response. Every claim of a request gets an
 entry in the response; a claim's failure is its ``error`` (the kubelet then ignores its
-devices), never a gRPC error for the whole call. ``share_id`` exists only in v1.
+devices), never a gRPC error for the whole call, not even when the driver raises (a bug: each
+claim then fails with it). ``share_id`` exists only in v1.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from dra_gpu.kubeletplugin.driver import ClaimRef, Driver
+from dra_gpu.kubeletplugin.driver import ClaimRef, Driver, PrepareResult, Step
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.kubeletplugin.rpc_methods import CallContext, Method, serialize_message
 from dra_gpu.pb import dra_v1_pb2, dra_v1beta1_pb2
@@ -44,11 +50,25 @@ def _valid_refs(claims_in: Any, response: Any) -> list[ClaimRef]:
     return refs
 
 
-def _methods(driver: Driver, pb: ModuleType, service: str, *, share_id: bool) -> list[Method]:
+def _methods(
+    driver: Driver, steps: Sequence[Step], pb: ModuleType, service: str, *, share_id: bool
+) -> list[Method]:
     def prepare(request: Any, context: CallContext) -> Any:
         response = pb.NodePrepareResourcesResponse()
         refs = _valid_refs(request.claims, response)
-        for uid, result in driver.prepare(refs).items():
+        for step in steps:
+            step.started("prepare")
+        start = time.perf_counter()
+        try:
+            results = driver.prepare(refs)
+        except Exception as exc:
+            log.exception("prepare of %d claim(s) failed unexpectedly", len(refs))
+            error = f"prepare: internal error: {type(exc).__name__}: {exc}"
+            results = {r.uid: PrepareResult(error=error, kind="Unexpected") for r in refs}
+        seconds = time.perf_counter() - start
+        for step in steps:
+            step.prepared(refs, results, seconds)
+        for uid, result in results.items():
             entry = response.claims[uid]
             if result.error:
                 entry.error = result.error
@@ -67,7 +87,19 @@ def _methods(driver: Driver, pb: ModuleType, service: str, *, share_id: bool) ->
     def unprepare(request: Any, context: CallContext) -> Any:
         response = pb.NodeUnprepareResourcesResponse()
         refs = _valid_refs(request.claims, response)
-        for uid, error in driver.unprepare(refs).items():
+        for step in steps:
+            step.started("unprepare")
+        start = time.perf_counter()
+        try:
+            errors = driver.unprepare(refs)
+        except Exception as exc:
+            log.exception("unprepare of %d claim(s) failed unexpectedly", len(refs))
+            error = f"unprepare: internal error: {type(exc).__name__}: {exc}"
+            errors = {r.uid: error for r in refs}
+        seconds = time.perf_counter() - start
+        for step in steps:
+            step.unprepared(refs, errors, seconds)
+        for uid, error in errors.items():
             response.claims[uid].error = error
         return response
 
@@ -87,11 +119,10 @@ def _methods(driver: Driver, pb: ModuleType, service: str, *, share_id: bool) ->
     ]
 
 
-def methods(driver: Driver) -> list[Method]:
-    """DRAPlugin v1 and v1beta1, both served by ``driver``."""
+def methods(driver: Driver, steps: Sequence[Step] = ()) -> list[Method]:
+    """DRAPlugin v1 and v1beta1, both served by ``driver``, each call followed by ``steps``."""
+    v1, v1beta1 = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", "k8s.io.kubelet.pkg.apis.dra.v1beta1"
     return [
-        *_methods(driver, dra_v1_pb2, "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", share_id=True),
-        *_methods(
-            driver, dra_v1beta1_pb2, "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin", share_id=False
-        ),
+        *_methods(driver, steps, dra_v1_pb2, v1, share_id=True),
+        *_methods(driver, steps, dra_v1beta1_pb2, f"{v1beta1}.DRAPlugin", share_id=False),
     ]

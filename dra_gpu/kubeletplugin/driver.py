@@ -53,3 +53,25 @@ class Driver(Protocol):
     def unprepare(self, refs: Sequence[ClaimRef]) -> Mapping[ClaimUID, str]:
         """Per claim of ``refs``: "" when done (an unknown claim is done), else why not."""
         ...
+
+
+class Step(Protocol):
+    """What runs after the driver answered a call, before the answer goes back: metrics, Events
+    for failed claims, claims' device status. The kit runs the steps in order on the call's
+    thread, so a step must not block: its API writes go to a thread of its own."""
+
+    def started(self, operation: str) -> None:
+        """``operation`` ("prepare" or "unprepare") is about to call the driver."""
+        ...
+
+    def prepared(
+        self, refs: Sequence[ClaimRef], results: Mapping[ClaimUID, PrepareResult], seconds: float
+    ) -> None:
+        """The driver's results for ``refs``, after ``seconds``."""
+        ...
+
+    def unprepared(
+        self, refs: Sequence[ClaimRef], errors: Mapping[ClaimUID, str], seconds: float
+    ) -> None:
+        """The driver's per-claim errors ("" = done) for ``refs``, after ``seconds``."""
+        ...

@@ -46,7 +46,7 @@ from dra_gpu.kubeletplugin import (
     slice_plan,
     sockets,
 )
-from dra_gpu.kubeletplugin.driver import Driver
+from dra_gpu.kubeletplugin.driver import Driver, Step
 from dra_gpu.kubeletplugin.rpc_methods import Method
 
 log = logging.getLogger(__name__)
@@ -204,10 +204,11 @@ class Kit:
         with call_lock.held(self._paths.lock):
             yield
 
-    def serve(self, driver: Driver) -> None:
-        """Serve ``driver`` to the kubelet: DRA server, then registration, then /healthz."""
+    def serve(self, driver: Driver, steps: Sequence[Step] = ()) -> None:
+        """Serve ``driver`` to the kubelet: DRA server (each call followed by ``steps``), then
+        registration, then /healthz."""
         self._options.data_dir.mkdir(parents=True, exist_ok=True)
-        self._dra_server = self._start_dra_server(driver)
+        self._dra_server = self._start_dra_server(driver, steps)
         self._reg_server = self._start_registration_server()
         self._serving = True
         self._follow_health()
@@ -233,8 +234,10 @@ class Kit:
         log.info("listening on %s", path)
         return server
 
-    def _start_dra_server(self, driver: Driver) -> grpcio_server.GrpcioServer:
-        methods = dra_service.methods(driver) + device_health.methods(self.health)
+    def _start_dra_server(
+        self, driver: Driver, steps: Sequence[Step]
+    ) -> grpcio_server.GrpcioServer:
+        methods = dra_service.methods(driver, steps) + device_health.methods(self.health)
         return self._serve(methods, self._paths.dra, limits=DRA_LIMITS, name="dra")
 
     def _start_registration_server(self) -> grpcio_server.GrpcioServer:

@@ -20,8 +20,8 @@ from typing import Any
 
 from dra_gpu.kube import errors
 from dra_gpu.kube.objects import ResourceClaim
+from dra_gpu.kubeletplugin.events import involved_objects
 from dra_gpu.plugin.usage_series import Holder, PodRef
-from dra_gpu.prepare.events import involved_objects
 
 log = logging.getLogger(__name__)
 

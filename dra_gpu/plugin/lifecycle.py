@@ -33,11 +33,12 @@ if TYPE_CHECKING:
     from dra_gpu.kube.capabilities import Capabilities
     from dra_gpu.kube.client import KubeClient
     from dra_gpu.kube.objects import ResourceSlice
+    from dra_gpu.kubeletplugin.claim_status import ClaimStatusWriter
+    from dra_gpu.kubeletplugin.driver import Step
+    from dra_gpu.kubeletplugin.events import EventPoster
     from dra_gpu.kubeletplugin.publisher import SliceStore
     from dra_gpu.mig.dynamic import DynamicMig
     from dra_gpu.plugin.platforms import Platform
-    from dra_gpu.prepare.device_status import DeviceStatusWriter
-    from dra_gpu.prepare.events import FailureEvents
     from dra_gpu.prepare.state import DeviceState
 
 log = logging.getLogger("dra_gpu.plugin")
@@ -60,8 +61,9 @@ class KubeletPlugin:
         self._devices: current_devices.Inventory | None = None
         self._monitor: health_monitor.HealthMonitor | None = None
         self._state: DeviceState | None = None
-        self._events: FailureEvents | None = None
-        self._status: DeviceStatusWriter | None = None
+        self._events: EventPoster | None = None
+        self._status: ClaimStatusWriter | None = None
+        self._steps: list[Step] = []  # what the kit runs after each call, in order
 
     @classmethod
     def start(cls, settings: plugin_settings.Settings) -> KubeletPlugin:
@@ -172,31 +174,41 @@ class KubeletPlugin:
     def _start_prepare_side(
         self, platform: Platform, client: KubeClient, detected: Capabilities | None
     ) -> None:
-        from dra_gpu.prepare import device_status, events
+        from dra_gpu.kubeletplugin import claim_status, events
+        from dra_gpu.prepare import device_status
 
         assert self._plugin is not None and self._devices is not None
+        settings = self.settings
+        source = events.component(settings.driver_name)
+        self._events = poster = events.EventPoster(client)
         self._state = state = device_state(
-            self.settings, platform=platform, client=client, inventory=self._devices.by_name
+            settings,
+            platform=platform,
+            client=client,
+            inventory=self._devices.by_name,
+            poster=poster,
         )
         with self._plugin.exclusive():
             state.start()  # restore: roll back or finish what a crash left, rebuild CDI specs
         # Written after the answer, by its own thread: the claims' status.devices.
-        self._status = device_status.DeviceStatusWriter(
+        self._status = claim_status.ClaimStatusWriter(
             client,
-            driver=self.settings.driver_name,
-            record_of=device_status.completed_records(state.store),
-            inventory=self._devices.by_name,
+            driver=settings.driver_name,
+            entries_of=device_status.entries_of(
+                state.store, driver=settings.driver_name, inventory=self._devices.by_name
+            ),
             observe=self.measured.claim_status if self.measured is not None else None,
             forbidden_hint=detected.device_status_permission if detected is not None else "",
         )
         self._status.start()
-        # What answers the kubelet: the state, plus device status and Events on failures, plus
-        # metrics when asked.
-        self._events = events.FailureEvents(
-            device_status.StatusReporting(state, self._status),
-            client,
-            node_name=self.settings.node_name,
-        )
+        # After each call, in order: metrics (when asked for), Events on failed claims, the
+        # claims' device status.
+        if self.measured is not None:
+            self._steps.append(self.measured)
+        self._steps += [
+            events.FailureEvents(poster, node_name=settings.node_name, source=source),
+            self._status,
+        ]
 
     def _serve_kubelet(
         self,
@@ -205,14 +217,9 @@ class KubeletPlugin:
         devices: Sequence[Device],
         discovery_errors: Sequence[str],
     ) -> None:
-        from dra_gpu.kubeletplugin.driver import Driver
-
-        assert self._plugin is not None and self._events is not None
+        assert self._plugin is not None and self._state is not None
         assert self._devices is not None and self._monitor is not None
-        driver: Driver = (
-            self._events if self.measured is None else self.measured.measured(self._events)
-        )
-        self._plugin.serve(driver)
+        self._plugin.serve(self._state, self._steps)
         watcher = inventory.watcher_for(
             platform,
             backend=backend,
@@ -291,10 +298,10 @@ class KubeletPlugin:
         """Stop serving and publishing (sockets removed, slices left); safe more than once."""
         if self._plugin is not None:
             self._plugin.stop()
-        if self._events is not None:
-            self._events.close()
         if self._status is not None:
             self._status.stop()
+        if self._events is not None:
+            self._events.close()
         if self._stop_metrics is not None:
             self._stop_metrics()
             self._stop_metrics = None
@@ -333,6 +340,7 @@ def device_state(
     platform: Platform,
     client: KubeClient,
     inventory: Callable[[], Mapping[str, Device]],
+    poster: EventPoster,
 ) -> DeviceState:
     """The prepare/unprepare state of this node (:class:`KubeletPlugin` restores it before
     serving it).
@@ -356,6 +364,7 @@ def device_state(
         sharing=Switches(time_slicing=settings.time_slicing_settings, mps=settings.mps_support),
         inventory=inventory,
         client=client,
+        poster=poster,
         call_lock=(
             call_lock.NodeCallLock(plugin_settings.socket_paths(settings).lock)
             if settings.rolling_update

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from dra_gpu.devices.model import Device
 from dra_gpu.kube.client import KubeClient
+from dra_gpu.kubeletplugin import events
+from dra_gpu.kubeletplugin.events import EventPoster
 from dra_gpu.plugin.platforms import Platform
 from dra_gpu.prepare import claims
 from dra_gpu.prepare.sharing.applied import Sharing, Switches
@@ -31,12 +33,13 @@ def make_state(
     platform: Platform,
     inventory: Callable[[], Mapping[str, Device]],
     client: KubeClient,
+    poster: EventPoster,
     call_lock: CallLock,
     sharing: Switches,
     mig: DynamicMig | None = None,
 ) -> DeviceState:
     """The prepare handler as the plugin process runs it: claims read from the API server,
-    node warnings posted as Events.
+    node warnings posted as Events by ``poster``.
 
     ``sharing``: which strategies are applied to the GPUs; what runs their commands (or records
     them, on a simulated node) and the CDI spec's node facts come from ``platform``.
@@ -51,7 +54,9 @@ def make_state(
         inventory=inventory,
         claims=claims.KubeClaimFetcher(client),
         node_facts=platform.node_facts(),
-        report=claims.NodeEventReporter(client, node_name=node_name),
+        report=claims.NodeEventReporter(
+            poster, node_name=node_name, source=events.component(driver_name)
+        ),
         call_lock=call_lock,
         sharing=Sharing(runner=platform.runner(state_dir), state_dir=state_dir, switches=sharing),
         mig=mig,

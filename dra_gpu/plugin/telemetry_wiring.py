@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dra_gpu import DRIVER_NAME
 from dra_gpu.plugin import settings as plugin_settings
 from dra_gpu.plugin import telemetry
 
@@ -22,11 +23,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def idle_event(involved: Mapping[str, str], message: str, *, node: str) -> dict[str, Any]:
+def idle_event(
+    involved: Mapping[str, str], message: str, *, node: str, driver: str = DRIVER_NAME
+) -> dict[str, Any]:
     """The ``GpuIdle`` Warning about ``involved`` (a pod or the claim), in its namespace and
     reported by ``node``: what the chart's policy ``claim-events`` admits (source.host must be
     the node the plugin's token is bound to)."""
-    from dra_gpu.prepare import events
+    from dra_gpu.kubeletplugin import events
 
     return events.warning_event(
         involved,
@@ -34,6 +37,7 @@ def idle_event(involved: Mapping[str, str], message: str, *, node: str) -> dict[
         reason=telemetry.REASON_IDLE,
         message=message,
         host=node,
+        source=events.component(driver),
     )
 
 
@@ -53,15 +57,16 @@ def start(
     ``health_events``: (GPU UUID, kind) -> count of the XID/ECC events the health monitor saw."""
     if settings.telemetry_interval_s is None:
         return None
+    from dra_gpu.kubeletplugin import events
     from dra_gpu.plugin.claim_pods import ClaimPods
     from dra_gpu.plugin.telemetry_metrics import TelemetryCollector
-    from dra_gpu.prepare import claims, events
+    from dra_gpu.prepare import claims
 
     fetcher = claims.KubeClaimFetcher(client)
     node = settings.node_name
 
     def post(involved: Mapping[str, str], message: str) -> None:
-        events.post(client, idle_event(involved, message, node=node))
+        events.post(client, idle_event(involved, message, node=node, driver=settings.driver_name))
 
     def prepared() -> Mapping[str, ClaimRecord]:
         return store.load().claims

@@ -34,16 +34,6 @@ older plugin keeps it unchanged when it writes). A device's ``consumed`` (what a
 consumed, ``prepare.shares``) came within version 4: optional and additive, an older plugin
 keeps it as an unknown field.
 
-The previous release made its durable writes through a journal beside the file
-(``checkpoint.journal-0``/``-1``) and replaced the file afterwards; whenever it read the file, a
-journal entry with a higher generation than the file's replaced it. The first read of a store
-under the lock migrates such a journal once (:mod:`legacy_journal`): its newest entry is adopted
-when its generation is above the file's, the file is written durably, and only then are the
-journal files deleted. Every write here still raises the generation, so after a downgrade to
-that release a journal entry left behind (its deletion lost in a power loss) is below the file
-and never wins over it; normally none is left. The schema stays 4: the file's fields and their
-meaning are unchanged, only where durability comes from changed.
-
 Durability: every write replaces the file atomically (temp file, rename), on the committing
 thread, under the file lock. A durable write also fsyncs the temp file before the rename and the
 directory after it (``atomicfile.write_atomic(durable=True)``), so when its caller is answered the
@@ -52,14 +42,22 @@ instance, an operator), with or without the lock. A write that is not durable is
 fsynced: only for records a power loss makes moot (see :meth:`CheckpointStore.update`).
 
 Concurrency: :class:`CheckpointStore` applies mutations as a group commit. Threads queue pure
-mutation functions; one of them, holding an ``flock`` on ``checkpoint.lock`` (shared with another
-plugin instance during a rolling update), re-reads the file if someone else changed it, applies
-every queued mutation in order, writes once (fsynced when any mutation asked for durability),
-releases the lock and wakes the others. A mutation that raises fails alone and changes nothing.
-Every read and write of the file holds that lock (waiting at most :data:`LOCK_TIMEOUT_S`, then
-``atomicfile.LockTimeout`` naming the holder), so :meth:`CheckpointStore.remove_temp_files`
-holding it removes only temp files of writers that died, and :meth:`CheckpointStore.load`'s copy
-in memory is used only when the lock file's write token and the file's identity show it current.
+mutation functions; one of them (the leader, chosen in memory under the store's condition, so the
+threads of one process never queue for the file lock) takes an ``flock`` on ``checkpoint.lock``
+(for the other plugin instance of a rolling update only), re-reads the file if the other instance
+changed it, applies every queued mutation in order, writes once (fsynced when any mutation asked
+for durability), releases the lock and wakes the others. A mutation that raises fails alone and
+changes nothing. The wait for the lock is bounded (:data:`LOCK_TIMEOUT_S`, then
+``atomicfile.LockTimeout`` naming the holder).
+
+Reads take no lock: the file is only ever replaced by a rename, so a reader sees a whole file, old
+or new. :meth:`CheckpointStore.load` returns the copy in memory while the file is unchanged: every
+commit writes a fresh token into the lock file before it replaces the file, and a read compares
+(token, the file's inode, mtime and size) with what it saw when it last read; the token catches an
+inode reused within one timestamp tick, the file's identity an edit made without the lock. Only a
+file that does not parse is handled under the lock (moved aside and salvaged, once, by whoever gets
+the lock first); :meth:`CheckpointStore.remove_temp_files` holds it too, so it removes only temp
+files of writers that died.
 """
 
 from __future__ import annotations
@@ -81,7 +79,6 @@ from pydantic import BaseModel, ConfigDict
 
 from dra_gpu.errors import InternalError
 from dra_gpu.kubeletplugin import atomicfile
-from dra_gpu.prepare import legacy_journal
 
 log = logging.getLogger(__name__)
 
@@ -282,9 +279,9 @@ class CheckpointStore:
     _queue: list[_Pending] = field(default_factory=list, init=False)
     _leader: bool = field(default=False, init=False)
     _cache: _Cache | None = field(default=None, init=False)
-    _legacy_checked: bool = field(default=False, init=False)  # see legacy_journal
+    _token: int | None = field(default=None, init=False)  # see _token_fd
     # Files written since start, (all, fsynced): read by /metrics at scrape time. Only the
-    # committing thread writes (under the file lock), so plain integers are enough.
+    # leader writes (one at a time), so plain integers are enough.
     writes: tuple[int, int] = field(default=(0, 0), init=False)
 
     # Built once: every call reads and writes these several times, and building a Path (and
@@ -300,19 +297,31 @@ class CheckpointStore:
     def _file_lock(self) -> contextlib.AbstractContextManager[int]:
         return atomicfile.locked(self._lock_path, timeout_s=self.lock_timeout_s)
 
-    def _stamp(self, lock_fd: int) -> _Stamp:
-        """What identifies the file's current content without reading it.
-
-        Every commit first writes a fresh token into the lock file, so a change by another
-        instance is seen even if inode numbers are reused within one timestamp tick; the file's
-        identity catches edits made without the lock.
-        """
-        token = os.pread(lock_fd, TOKEN_BYTES, 0)
+    def _stamp(self) -> _Stamp:
+        """What identifies the file's current content without reading it or taking the lock
+        (see the module docstring: the token, then the file's identity)."""
+        try:
+            token = os.pread(self._token_fd(), TOKEN_BYTES, 0)
+        except OSError:
+            token = b""  # no lock file yet: nobody has written
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             return (token, None)
         return (token, (st.st_ino, st.st_mtime_ns, st.st_size))
+
+    def _token_fd(self) -> int:
+        """The lock file, open for reading its token (never locked through this descriptor)."""
+        fd = self._token
+        if fd is None:
+            fd = atomicfile.open_creating_dir(self._lock_path, os.O_RDONLY | os.O_CLOEXEC, 0o600)
+            with self._cond:
+                if self._token is None:
+                    self._token = fd
+                else:  # another thread opened it first
+                    os.close(fd)
+                    fd = self._token
+        return fd
 
     def _move_aside(self) -> Path:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
@@ -325,82 +334,46 @@ class CheckpointStore:
         atomicfile.fsync_dir(self.state_dir)
         return target
 
-    def _read(self, lock_fd: int) -> Checkpoint:
-        """The on-disk checkpoint (cached while the file is unchanged); needs the file lock."""
-        stamp = self._stamp(lock_fd)
-        if self._cache is not None and self._cache.stamp == stamp:
-            return self._cache.checkpoint
-        legacy = None if self._legacy_checked else legacy_journal.find(self.state_dir)
+    def _read(self, lock_fd: int | None) -> Checkpoint:
+        """The on-disk checkpoint, from memory while the file is unchanged.
+
+        ``lock_fd`` None: without the lock; a file that does not parse is then read again under
+        it, where it is moved aside and salvaged. Raises CheckpointCorrupt, CheckpointTooNew.
+        """
+        stamp = self._stamp()
+        cache = self._cache
+        if cache is not None and cache.stamp == stamp:
+            return cache.checkpoint
         if stamp[1] is None:
             checkpoint = Checkpoint()
         else:
-            data = self.path.read_bytes()
+            try:
+                data = self.path.read_bytes()
+            except FileNotFoundError:  # removed since the stamp: read under the lock
+                data = b""
             try:
                 checkpoint = decode(data)
             except _TooNew as exc:
                 raise CheckpointTooNew(self.path, exc.compatible_version) from None
             except (ValueError, pydantic.ValidationError) as exc:
+                if lock_fd is None:
+                    with self._file_lock() as fd:
+                        return self._read(fd)
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 if isinstance(exc, pydantic.ValidationError):
                     reason = f"{exc.error_count()} schema error(s), first: {_first_error(exc)}"
-                moved_to, saved = self._replace_corrupt(lock_fd, data, legacy)
+                moved_to, saved = self._replace_corrupt(lock_fd, data)
                 raise CheckpointCorrupt(self.path, moved_to, f"{reason}; {saved}") from exc
-        if legacy is not None:
-            return self._migrate(lock_fd, checkpoint, legacy)
-        self._legacy_checked = True
         self._cache = _Cache(checkpoint, stamp)
         return checkpoint
 
-    def _migrate(
-        self, lock_fd: int, checkpoint: Checkpoint, legacy: legacy_journal.Journal
-    ) -> Checkpoint:
-        """Take over the previous release's journal: its newest entry when it is newer than the
-        file, written durably; then the journal files go (see the module docstring)."""
-        journaled = _legacy_state(legacy)
-        if journaled is not None and journaled.generation > checkpoint.generation:
-            # That release was killed after its journal entry, before the file had it.
-            log.warning(
-                "checkpoint %s is behind the previous release's journal (generation %d, journal "
-                "%d): adopted the journal's %d claim record(s)",
-                self.path,
-                checkpoint.generation,
-                journaled.generation,
-                len(journaled.claims),
-            )
-            checkpoint = journaled
-        checkpoint = _next_generation(checkpoint)
-        self._write(lock_fd, checkpoint, durable=True)  # an error: the journal stays, for next time
-        legacy_journal.remove(legacy)
-        self._legacy_checked = True
-        return checkpoint
-
-    def _replace_corrupt(
-        self, lock_fd: int, data: bytes, legacy: legacy_journal.Journal | None
-    ) -> tuple[Path, str]:
+    def _replace_corrupt(self, lock_fd: int, data: bytes) -> tuple[Path, str]:
         """Move the corrupt file aside and write what can be saved in its place; needs the lock.
 
         Returns where the file went and what was saved. Raises OSError (the corrupt file back in
         place) when the salvage cannot be written.
         """
         salvaged, dropped = salvage(data)
-        restored = 0
-        journaled = _legacy_state(legacy) if legacy is not None else None
-        if journaled is not None:
-            # The previous release's journal holds every record it made durable up to its entry:
-            # records the file no longer has come back; where both have one, the newer wins.
-            older, newer = (
-                (salvaged, journaled)
-                if journaled.generation > salvaged.generation
-                else (journaled, salvaged)
-            )
-            restored = len(journaled.claims.keys() - salvaged.claims.keys())
-            salvaged = salvaged.model_copy(
-                update={
-                    "boot_id": salvaged.boot_id or journaled.boot_id,
-                    "claims": {**older.claims, **newer.claims},
-                    "generation": newer.generation,
-                }
-            )
         checkpoint = _next_generation(self.rebuild(salvaged))
         moved_to = self._move_aside()
         try:
@@ -408,24 +381,20 @@ class CheckpointStore:
         except OSError:
             os.replace(moved_to, self.path)
             raise
-        if legacy is not None:
-            legacy_journal.remove(legacy)
-        self._legacy_checked = True
-        kept = len(salvaged.claims) - restored
-        saved = f"kept {kept} claim record(s)"
-        if restored:
-            saved += f", restored {restored} from the previous release's journal"
-        saved += f", rebuilt {len(checkpoint.claims) - kept - restored}"
+        saved = f"kept {len(salvaged.claims)} claim record(s)"
+        saved += f", rebuilt {len(checkpoint.claims) - len(salvaged.claims)}"
         return moved_to, saved + (f", dropped: {'; '.join(dropped)}" if dropped else "")
 
     def _write(self, lock_fd: int, checkpoint: Checkpoint, *, durable: bool) -> None:
         """Replace the file with ``checkpoint`` (its generation above the file's); needs the
         lock. ``durable``: on disk when this returns (fsynced file and directory)."""
         data = encode(checkpoint)
-        # Token before file: a crash in between only makes readers re-read.
-        os.pwrite(lock_fd, os.urandom(TOKEN_BYTES // 2).hex().encode(), 0)
+        os.pwrite(lock_fd, os.urandom(TOKEN_BYTES // 2).hex().encode(), 0)  # as _commit does
         atomicfile.write_atomic(self.path, data, durable=durable)
-        self._cache = _Cache(checkpoint, self._stamp(lock_fd))
+        self._written(checkpoint, durable)
+
+    def _written(self, checkpoint: Checkpoint, durable: bool) -> None:
+        self._cache = _Cache(checkpoint, self._stamp())
         self.writes = (self.writes[0] + 1, self.writes[1] + durable)
 
     def remove_temp_files(self) -> int:
@@ -434,19 +403,17 @@ class CheckpointStore:
             return atomicfile.remove_temp_files(self.state_dir, FILE_NAME)
 
     def peek(self) -> Checkpoint:
-        """The checkpoint as this process last read or wrote it, without the file lock or I/O
-        (:meth:`load` when it has read nothing yet). It may be stale (another instance may
-        have written since): only for guesses that are checked again under the lock, so that
-        they do not wait for a commit's fsyncs."""
+        """The checkpoint as this process last read or wrote it, without any I/O (:meth:`load`
+        when it has read nothing yet). It may be stale (another instance may have written
+        since): only for guesses that are checked again before they count."""
         cache = self._cache
         return cache.checkpoint if cache is not None else self.load()
 
     def load(self) -> Checkpoint:
-        """The current checkpoint, read under the file lock (from memory when the file is
-        unchanged); raises CheckpointCorrupt (after moving the file aside), CheckpointTooNew,
-        ``atomicfile.LockTimeout``."""
-        with self._file_lock() as fd:
-            return self._read(fd)
+        """The current checkpoint (from memory when the file is unchanged), without waiting for
+        a commit in progress; raises CheckpointCorrupt (after moving the file aside),
+        CheckpointTooNew, ``atomicfile.LockTimeout`` (only for a corrupt file)."""
+        return self._read(None)
 
     def update(self, mutate: Mutation, *, durable: bool) -> Checkpoint:
         """Apply ``mutate`` to the latest checkpoint and persist it; returns the new value.
@@ -481,7 +448,10 @@ class CheckpointStore:
         return pending.result
 
     def _commit(self, batch: list[_Pending]) -> None:
-        """Apply and write ``batch`` under the file lock, taken and released on this thread."""
+        """Apply and write ``batch`` under the file lock, taken and released on this thread.
+
+        The write is spelled out here rather than through :meth:`_write`: a prepare's path from
+        the kubelet's call to the file stays six frames deep (docs/architecture.md)."""
         try:
             with self._file_lock() as fd:
                 checkpoint = _next_generation(self._read(fd))
@@ -495,7 +465,12 @@ class CheckpointStore:
                         item.result = checkpoint
                         applied.append(item)
                 if applied:
-                    self._write(fd, checkpoint, durable=any(item.durable for item in applied))
+                    durable = any(item.durable for item in applied)
+                    data = encode(checkpoint)
+                    # Token before file: a crash in between only makes readers re-read.
+                    os.pwrite(fd, os.urandom(TOKEN_BYTES // 2).hex().encode(), 0)
+                    atomicfile.write_atomic(self.path, data, durable=durable)
+                    self._written(checkpoint, durable)
         except BaseException as exc:
             for item in batch:
                 if item.error is None:
@@ -503,19 +478,6 @@ class CheckpointStore:
         finally:
             for item in batch:
                 item.done = True
-
-
-def _legacy_state(legacy: legacy_journal.Journal) -> Checkpoint | None:
-    """The state of the previous release's newest journal entry; None when it has none this
-    plugin reads."""
-    entry = legacy.newest
-    if entry is None:
-        return None
-    try:
-        return decode(entry.data)
-    except (_TooNew, ValueError, pydantic.ValidationError) as exc:
-        log.warning("checkpoint journal entry %d not used: %s", entry.generation, exc)
-        return None
 
 
 def _next_generation(checkpoint: Checkpoint) -> Checkpoint:

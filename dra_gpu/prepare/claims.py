@@ -1,9 +1,10 @@
 """The Kubernetes side of prepare: fetch ResourceClaims, report node warnings as Events.
 
 Thin I/O over ``kube.client.KubeClient`` (plain JSON, no client models): ``KubeClaimFetcher``
-implements ``state.ClaimFetcher``; ``NodeEventReporter`` implements ``state.Report`` by creating
-a Warning Event on this node's Node object (shown by ``kubectl describe node``). Reporting is
-best effort: a failure to post an event is logged, never raised into prepare.
+implements ``state.ClaimFetcher``; ``NodeEventReporter`` implements ``state.Report`` by queuing a
+Warning Event on this node's Node object (shown by ``kubectl describe node``) for the kit's
+Event poster. Reporting is best effort and never waits for the API server: a report made under
+a lock (the checkpoint's salvage) makes no API call under it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from urllib.parse import quote
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient
 from dra_gpu.kube.objects import ResourceClaim
-from dra_gpu.prepare import events
+from dra_gpu.kubeletplugin import events
 from dra_gpu.prepare.plan import PlanError
 
 log = logging.getLogger(__name__)
@@ -44,17 +45,22 @@ class KubeClaimFetcher:
 
 
 class NodeEventReporter:
-    """``report(reason, message)`` -> a Warning Event on the Node ``node_name``."""
+    """``report(reason, message)`` -> a Warning Event on the Node ``node_name``, queued."""
 
-    def __init__(self, client: KubeClient, *, node_name: str) -> None:
-        self._client = client
-        self._node = node_name
+    def __init__(self, poster: events.EventPoster, *, node_name: str, source: str) -> None:
+        self._poster, self._node, self._source = poster, node_name, source
 
     def __call__(self, reason: str, message: str) -> None:
         log.warning("%s: %s", reason, message)
         # The uid is the node name, as the kubelet does; ``kubectl describe node`` matches it.
         involved = {"kind": "Node", "name": self._node, "uid": self._node}
-        event = events.warning_event(
-            involved, namespace="default", reason=reason, message=message, host=self._node
+        self._poster.post(
+            events.warning_event(
+                involved,
+                namespace="default",
+                reason=reason,
+                message=message,
+                host=self._node,
+                source=self._source,
+            )
         )
-        events.post(self._client, event)

@@ -70,7 +70,7 @@ from dra_gpu.devices.model import Device
 from dra_gpu.errors import UserError
 from dra_gpu.kube.objects import ResourceClaim
 from dra_gpu.kubeletplugin.atomicfile import LockTimeout
-from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice
+from dra_gpu.kubeletplugin.driver import ClaimRef
 
 # The kit's result type; named here too because prepare's callers have always found it here.
 from dra_gpu.kubeletplugin.driver import PrepareResult as PrepareResult
@@ -230,7 +230,10 @@ class DeviceState:
         fetched = dict(zip(uids, self._each(self._fetch, refs), strict=True))
         try:
             with self._call_lock():
-                results = self._each(lambda r: self._prepare_one(r, fetched[r.uid]), refs)
+                if len(refs) == 1:  # the usual call: no hop through the pool
+                    results = [self._prepare_claim(refs[0], fetched[uids[0]])]
+                else:
+                    results = list(self._pool.map(self._prepare_claim, refs, fetched.values()))
         except LockTimeout as exc:  # the other instance holds it too long: each claim fails
             log.error("prepare of %d claim(s) failed: %s", len(refs), exc)
             return {uid: PrepareResult(error=f"prepare: {exc}", kind="LockTimeout") for uid in uids}
@@ -256,7 +259,7 @@ class DeviceState:
 
         The checkpoint is peeked at, not loaded: loading waits for a commit in progress (its
         fsyncs), which held up every GET of a burst of prepares. A stale guess costs a needless
-        GET or a GET under the lock (``_prepare_locked``), never a wrong answer.
+        GET or a GET under the lock (``_prepare_claim``), never a wrong answer.
         """
         try:
             record = self.store.peek().claims.get(ref.uid)
@@ -266,16 +269,122 @@ class DeviceState:
             return _Fetched(read=False)
         try:
             return _Fetched(read=True, claim=self._get(ref))
-        except Exception as exc:  # raised by _prepare_locked when it needs the claim
+        except Exception as exc:  # raised by _prepare_claim when it needs the claim
             return _Fetched(read=True, error=exc)
 
     def _get(self, ref: ClaimRef) -> ResourceClaim | None:
         return self._claims.get_claim(namespace=ref.namespace, name=ref.name)
 
-    def _prepare_one(self, ref: ClaimRef, fetched: _Fetched) -> PrepareResult:
+    def _prepare_claim(self, ref: ClaimRef, fetched: _Fetched) -> PrepareResult:
+        """One claim's prepare (steps 1, 3 and 4 of the module docstring), under its lock; its
+        failure is its result's error."""
         try:
             with self._locks.hold(ref.uid):
-                return PrepareResult(devices=self._prepare_locked(ref, fetched))
+                record = self.store.load().claims.get(ref.uid)
+                if _answers(record):
+                    if not cdi.spec_path(
+                        self.settings.cdi_root, ref.uid
+                    ).exists() or self._lacks_metadata(ref.uid, record):
+                        # Someone removed it since: the answer is only useful with the spec
+                        # in place.
+                        _, problems = self._restore_specs({ref.uid: record})
+                        if problems:
+                            raise cdi.CDIError(problems[0])
+                    return PrepareResult(devices=records.prepared_devices(record))
+                if fetched.error is not None:
+                    raise fetched.error
+                # Not read when it was prepared; unprepared since (by the other instance):
+                # read it now.
+                claim = fetched.claim if fetched.read else self._get(ref)
+                if claim is None:
+                    raise PlanError(f"claim {ref} not found in the API server")
+                inventory = self._inventory()
+                plan = plan_claim(
+                    ref,
+                    claim,
+                    driver=self.settings.driver_name,
+                    pool=self.settings.node_name,
+                    inventory=inventory,
+                )
+                pod_claim = device_metadata.pod_claim_name(claim["metadata"].get("annotations"))
+                if (
+                    self._sharing.switches.mps
+                ):  # each consumable share gets an MPS server of its own
+                    plan = shares.enforced(plan)
+                devices = [d.cdi for d in plan.devices]
+                spec = self._spec(ref.uid, str(ref), devices, self._metadata(plan, pod_claim))
+                if record is not None and record.from_spec:
+                    # Prepared before the checkpoint lost the record: the claim stays prepared
+                    # whatever happens here, so no roll-back. Full facts first, then the spec is
+                    # replaced atomically (on failure the old one, naming the same devices, stays).
+                    made = self._with_mig_devices(
+                        plan, inventory, pod_claim
+                    )  # those it has (ledger)
+                    if made is not None:
+                        plan, spec = made
+                    rebuilt = records.claim_record(plan, state=PREPARE_COMPLETED)
+                    self.store.update(self._recorded(plan, rebuilt), durable=True)
+                    self._write_metadata(self._metadata(plan, pod_claim), inventory)
+                    cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
+                    log.info(
+                        "prepared %s (%s) again, record rebuilt from its spec completed",
+                        ref,
+                        ref.uid,
+                    )
+                    return PrepareResult(devices=records.prepared_devices(rebuilt))
+                started: ClaimRecord | None = None
+                if self._sharing.active or (self._mig is not None and _partitions(plan, inventory)):
+                    # A change outside the plugin's own files (a MIG device created, a GPU's
+                    # sharing set) is recorded before it is made, so that a crash before the
+                    # answer undoes it.
+                    started = records.claim_record(plan, state=PREPARE_STARTED)
+                    # Not fsynced: a power loss that undoes it also resets what it is about (the
+                    # GPU's MIG devices and sharing settings); the kubelet was never answered.
+                    self.store.update(self._recorded(plan, started), durable=False)
+                    self._fault("after-checkpoint-started")
+                recorded = started is not None
+                try:
+                    if started is not None:
+                        made = self._with_mig_devices(plan, inventory, pod_claim)
+                        if made is not None:
+                            plan, spec = made
+                            devices = [d.cdi for d in plan.devices]
+                            self._fault("after-mig-created")
+                        self._sharing.apply(ref.uid, devices)
+                        self._fault("after-sharing-applied")
+                    data = cdi.encode_spec(spec)  # refused before anything is recorded
+                    # The record first, then the spec: a crash in between leaves a completed
+                    # record whose spec start rebuilds, never a spec without a record (which start
+                    # would adopt as prepared although no check against other claims' devices
+                    # ever passed).
+                    if started is None:
+                        # The check against other claims' devices runs in this write.
+                        completed = records.claim_record(plan, state=PREPARE_COMPLETED)
+                        self.store.update(self._recorded(plan, completed), durable=True)
+                        recorded = True
+                    else:
+                        # The started record, completed: its devices were validated when it was
+                        # built.
+                        completed = started.model_copy(update={"state": PREPARE_COMPLETED})
+                        self.store.update(
+                            lambda cp: cp.with_claim(ref.uid, completed), durable=True
+                        )
+                    self._fault("after-checkpoint-completed")
+                    # Beside the spec, after the record (never a file without one), before the spec
+                    # that mounts it.
+                    self._write_metadata(self._metadata(plan, pod_claim), inventory)
+                    cdi.write_encoded(self.settings.cdi_root, ref.uid, data)
+                except Exception:
+                    self._roll_back(ref.uid, devices, recorded=recorded)
+                    raise
+                self._fault("after-cdi-written")
+                log.info(
+                    "prepared %s (%s): %s",
+                    ref,
+                    ref.uid,
+                    ", ".join(d.cdi.name for d in plan.devices),
+                )
+                return PrepareResult(devices=records.prepared_devices(completed))
         except (UserError, InstanceError) as exc:  # PlanError, CDIError, ConfigError, SharingError
             # Someone must act (fix the claim, the node): the pod waits until then. A warning,
             # without a traceback: the message says all there is to say.
@@ -284,93 +393,6 @@ class DeviceState:
         except Exception as exc:
             kind = "LockTimeout" if isinstance(exc, LockTimeout) else "Unexpected"
             return PrepareResult(error=self._unexpected("prepare", ref, exc), kind=kind)
-
-    def _prepare_locked(self, ref: ClaimRef, fetched: _Fetched) -> tuple[PreparedDevice, ...]:
-        record = self.store.load().claims.get(ref.uid)
-        if _answers(record):
-            if not cdi.spec_path(self.settings.cdi_root, ref.uid).exists() or self._lacks_metadata(
-                ref.uid, record
-            ):
-                # Someone removed it since: the answer is only useful with the spec in place.
-                _, problems = self._restore_specs({ref.uid: record})
-                if problems:
-                    raise cdi.CDIError(problems[0])
-            return records.prepared_devices(record)
-        if fetched.error is not None:
-            raise fetched.error
-        # Not read when it was prepared; unprepared since (by the other instance): read it now.
-        claim = fetched.claim if fetched.read else self._get(ref)
-        if claim is None:
-            raise PlanError(f"claim {ref} not found in the API server")
-        inventory = self._inventory()
-        plan = plan_claim(
-            ref,
-            claim,
-            driver=self.settings.driver_name,
-            pool=self.settings.node_name,
-            inventory=inventory,
-        )
-        pod_claim = device_metadata.pod_claim_name(claim["metadata"].get("annotations"))
-        if self._sharing.switches.mps:  # each consumable share gets an MPS server of its own
-            plan = shares.enforced(plan)
-        devices = [d.cdi for d in plan.devices]
-        spec = self._spec(ref.uid, str(ref), devices, self._metadata(plan, pod_claim))
-        if record is not None and record.from_spec:
-            # Prepared before the checkpoint lost the record: the claim stays prepared whatever
-            # happens here, so no roll-back. Full facts first, then the spec is replaced
-            # atomically (on failure the old one, naming the same devices, stays).
-            made = self._with_mig_devices(plan, inventory, pod_claim)  # those it has (ledger)
-            if made is not None:
-                plan, spec = made
-            rebuilt = records.claim_record(plan, state=PREPARE_COMPLETED)
-            self.store.update(self._recorded(plan, rebuilt), durable=True)
-            self._write_metadata(self._metadata(plan, pod_claim), inventory)
-            cdi.write_spec(self.settings.cdi_root, ref.uid, spec)
-            log.info("prepared %s (%s) again, record rebuilt from its spec completed", ref, ref.uid)
-            return records.prepared_devices(rebuilt)
-        started: ClaimRecord | None = None
-        if self._sharing.active or (self._mig is not None and _partitions(plan, inventory)):
-            # A change outside the plugin's own files (a MIG device created, a GPU's sharing
-            # set) is recorded before it is made, so that a crash before the answer undoes it.
-            started = records.claim_record(plan, state=PREPARE_STARTED)
-            # Not fsynced: a power loss that undoes it also resets what it is about (the GPU's
-            # MIG devices and sharing settings); the kubelet was never answered.
-            self.store.update(self._recorded(plan, started), durable=False)
-            self._fault("after-checkpoint-started")
-        recorded = started is not None
-        try:
-            if started is not None:
-                made = self._with_mig_devices(plan, inventory, pod_claim)
-                if made is not None:
-                    plan, spec = made
-                    devices = [d.cdi for d in plan.devices]
-                    self._fault("after-mig-created")
-                self._sharing.apply(ref.uid, devices)
-                self._fault("after-sharing-applied")
-            data = cdi.encode_spec(spec)  # refused before anything is recorded
-            # The record first, then the spec: a crash in between leaves a completed record
-            # whose spec start rebuilds, never a spec without a record (which start would adopt
-            # as prepared although no check against other claims' devices ever passed).
-            if started is None:
-                # The check against other claims' devices runs in this write.
-                completed = records.claim_record(plan, state=PREPARE_COMPLETED)
-                self.store.update(self._recorded(plan, completed), durable=True)
-                recorded = True
-            else:
-                # The started record, completed: its devices were validated when it was built.
-                completed = started.model_copy(update={"state": PREPARE_COMPLETED})
-                self.store.update(lambda cp: cp.with_claim(ref.uid, completed), durable=True)
-            self._fault("after-checkpoint-completed")
-            # Beside the spec, after the record (never a file without one), before the spec
-            # that mounts it.
-            self._write_metadata(self._metadata(plan, pod_claim), inventory)
-            cdi.write_encoded(self.settings.cdi_root, ref.uid, data)
-        except Exception:
-            self._roll_back(ref.uid, devices, recorded=recorded)
-            raise
-        self._fault("after-cdi-written")
-        log.info("prepared %s (%s): %s", ref, ref.uid, ", ".join(d.cdi.name for d in plan.devices))
-        return records.prepared_devices(completed)
 
     def _with_mig_devices(
         self, plan: ClaimPlan, inventory: Mapping[str, Device], pod_claim: str | None

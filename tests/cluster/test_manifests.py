@@ -53,6 +53,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_gpu import DRIVER_NAME
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient, connect
 from dra_gpu.plugin import settings as plugin_settings
@@ -683,8 +684,8 @@ def idle_plugin(
 def test_plugin_posts_its_gpuidle_warnings_about_pods_and_claims_in_any_namespace(
     cluster: Cluster, idle_plugin: tuple[KubeClient, dict[str, Any]]
 ) -> None:
+    from dra_gpu.kubeletplugin import events
     from dra_gpu.plugin import telemetry_wiring
-    from dra_gpu.prepare import events
 
     client, mine = idle_plugin
     # Posted for real, the way the loop posts it, and stored.
@@ -774,16 +775,8 @@ class _Failed:
     error: str
 
 
-class _Failing:
-    def prepare(self, refs: Any) -> dict[str, _Failed]:
-        return {r.uid: _Failed("config[0] (FromClaim): sharing.strategy: unknown") for r in refs}
-
-    def unprepare(self, refs: Any) -> dict[str, str]:
-        return {}
-
-
 def _prepare_failed_event(involved: dict[str, str], *, node: str) -> dict[str, Any]:
-    from dra_gpu.prepare import events
+    from dra_gpu.kubeletplugin import events
 
     return events.warning_event(
         involved,
@@ -791,6 +784,7 @@ def _prepare_failed_event(involved: dict[str, str], *, node: str) -> dict[str, A
         reason=events.REASON_PREPARE_FAILED,
         message="prepare failed",
         host=node,
+        source=events.component(DRIVER_NAME),
     )
 
 
@@ -798,7 +792,8 @@ def test_plugin_posts_prepare_failures_on_claims_and_pods_of_any_namespace(
     cluster: Cluster, plugin_of_node_a: KubeClient
 ) -> None:
     # The first release runs without idle-claim Events: PrepareFailed gets through regardless.
-    from dra_gpu.prepare import events
+    from dra_gpu.kubeletplugin import events
+    from dra_gpu.kubeletplugin.driver import PrepareResult
 
     cluster.create_namespace(TEAM_NS)
     wait_for(
@@ -817,9 +812,16 @@ def test_plugin_posts_prepare_failures_on_claims_and_pods_of_any_namespace(
         "status": {"reservedFor": [{"resource": "pods", "name": "trainer-0", "uid": "pod-1"}]},
     }
     served = _ClaimServed(plugin_of_node_a, claim)
-    failures = events.FailureEvents(_Failing(), served, node_name="policy-node-a")  # type: ignore[arg-type]
-    failures.prepare([_Ref(claim_uid, TEAM_NS, "training")])
-    failures.close()  # the posts are done
+    poster = events.EventPoster(served)  # type: ignore[arg-type]
+    failures = events.FailureEvents(
+        poster, node_name="policy-node-a", source=events.component(DRIVER_NAME)
+    )
+    failures.prepared(
+        [_Ref(claim_uid, TEAM_NS, "training")],  # type: ignore[list-item]
+        {claim_uid: PrepareResult(error="config[0] (FromClaim): sharing.strategy: unknown")},  # type: ignore[dict-item]
+        0.001,
+    )
+    poster.close()  # the posts are done
     stored = json.loads(cluster.kubectl("get", "events", "-n", TEAM_NS, "-o", "json"))["items"]
     ours = sorted(
         (e["involvedObject"]["kind"], e["involvedObject"]["name"])

@@ -1,18 +1,21 @@
-"""ResourceClaim device status: what a prepared claim's ``status.devices`` says, and how it is
-written (one thread, retried with backoff, permanent errors dropped).
+"""ResourceClaim device status: what a prepared claim's ``status.devices`` says (the driver's
+``prepare.device_status``), and how the kit writes it (``kubeletplugin.claim_status``: one
+thread, after a settle time, retried with backoff, permanent errors dropped).
 
 Cases: a full GPU's and a dynamically created MIG device's data (the MIG UUID it got at
 prepare, which the slices never had); other drivers' entries and our other devices are kept, a
 repeat writes nothing; the writer writes after a prepare, retries an unanswered write with
 doubling backoff, drops a claim that is gone or replaced (no write) and a Forbidden write
 (naming the permission), stops writing where the server drops the field; only successful
-prepares are submitted; a full queue drops, never blocks.
+prepares are written; a claim unprepared within the settle time is never written, repeated
+prepares within it give one write; a full queue drops, never blocks.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -21,10 +24,11 @@ import pytest
 from dra_gpu.devices import naming, partitions, simulated
 from dra_gpu.devices.model import Device
 from dra_gpu.kube import errors
+from dra_gpu.kubeletplugin import claim_status
 from dra_gpu.kubeletplugin.driver import ClaimRef, PreparedDevice, PrepareResult
 from dra_gpu.kubeletplugin.ids import ClaimUID, DeviceName
 from dra_gpu.prepare import device_status
-from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, ClaimRecord, DeviceRecord
+from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, Checkpoint, ClaimRecord, DeviceRecord
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -108,9 +112,9 @@ def test_a_repeat_at_a_later_time_is_the_same_and_new_data_is_not() -> None:
     later = device_status.entries(
         driver=DRIVER, record=record, inventory=inv, now="2026-12-02T01:00:00Z"
     )
-    assert device_status.same_entries(ours, later)
+    assert claim_status.same_entries(ours, later)
     stale: Any = [{**ours[0], "data": {"uuid": "old"}}]
-    assert not device_status.same_entries(stale, later)
+    assert not claim_status.same_entries(stale, later)
 
 
 def test_shared_allocations_are_told_apart_by_share_id() -> None:
@@ -125,13 +129,13 @@ def test_shared_allocations_are_told_apart_by_share_id() -> None:
         for share in ("s-1", "s-2")
     )
     assert [e["shareID"] for e in (*a, *b)] == ["s-1", "s-2"]
-    body = device_status.apply_body(REF, a)
+    body = claim_status.apply_body(REF, a)
     assert body["status"] == {"devices": a}
     assert body["metadata"]["uid"] == REF.uid
 
 
 def test_backoff_doubles_from_half_a_second_to_thirty() -> None:
-    assert [device_status.backoff(n) for n in range(1, 9)] == [
+    assert [claim_status.backoff(n) for n in range(1, 9)] == [
         0.5,
         1.0,
         2.0,
@@ -181,9 +185,9 @@ class FakeClient:
                 status=422,
             )
         self.applies.append(dict(body))
-        applied = {device_status._key(e): e for e in body["status"]["devices"]}
+        applied = {claim_status.key(e): e for e in body["status"]["devices"]}
         status = dict(self.claim.get("status") or {})
-        kept = [e for e in status.get("devices") or [] if device_status._key(e) not in applied]
+        kept = [e for e in status.get("devices") or [] if claim_status.key(e) not in applied]
         if self.keeps_devices:
             status["devices"] = kept + list(applied.values())
         self.claim = {**self.claim, "status": status}
@@ -205,15 +209,29 @@ def results() -> queue.Queue[str]:
     return queue.Queue()
 
 
+class Records:
+    """The checkpoint in memory, as ``entries_of`` reads it."""
+
+    def __init__(self, record: ClaimRecord | None) -> None:
+        self.checkpoint = Checkpoint(claims={REF.uid: record} if record is not None else {})
+
+    def peek(self) -> Checkpoint:
+        return self.checkpoint
+
+
 def writer_for(
-    client: FakeClient, results: queue.Queue[str], record: ClaimRecord | None, **kw: Any
-) -> device_status.DeviceStatusWriter:
+    client: FakeClient,
+    results: queue.Queue[str],
+    record: ClaimRecord | Records | None,
+    **kw: Any,
+) -> claim_status.ClaimStatusWriter:
     inv = inventory()
-    return device_status.DeviceStatusWriter(
+    records = record if isinstance(record, Records) else Records(record)
+    kw.setdefault("settle_s", 0.0)
+    return claim_status.ClaimStatusWriter(
         client,
         driver=DRIVER,
-        record_of=lambda uid: record if uid == REF.uid else None,
-        inventory=lambda: inv,
+        entries_of=device_status.entries_of(records, driver=DRIVER, inventory=lambda: inv),
         observe=results.put,
         forbidden_hint="resourceclaims/driver associated-node:update",
         first_backoff_s=0.001,
@@ -227,16 +245,16 @@ def record() -> ClaimRecord:
 
 
 @pytest.fixture
-def running(request: pytest.FixtureRequest) -> Iterator[list[device_status.DeviceStatusWriter]]:
-    started: list[device_status.DeviceStatusWriter] = []
+def running(request: pytest.FixtureRequest) -> Iterator[list[claim_status.ClaimStatusWriter]]:
+    started: list[claim_status.ClaimStatusWriter] = []
     yield started
     for w in started:
         w.stop()
 
 
 def start(
-    running: list[device_status.DeviceStatusWriter], w: device_status.DeviceStatusWriter
-) -> device_status.DeviceStatusWriter:
+    running: list[claim_status.ClaimStatusWriter], w: claim_status.ClaimStatusWriter
+) -> claim_status.ClaimStatusWriter:
     w.start()
     running.append(w)
     return w
@@ -311,7 +329,7 @@ def test_permanent_failures_are_dropped_with_one_line(
     client = FakeClient(claim)
     client.fail = [fail] if fail is not None else []
     w = start(running, writer_for(client, results, record))
-    with caplog.at_level(logging.WARNING, logger="dra_gpu.prepare.device_status"):
+    with caplog.at_level(logging.WARNING, logger="dra_gpu.kubeletplugin.claim_status"):
         w.submit(REF)
         assert next_result(results) == "dropped"
     assert client.applies == []
@@ -337,7 +355,7 @@ def test_a_server_that_drops_the_field_switches_the_writer_off(
 ) -> None:
     client = FakeClient(api_claim(), keeps_devices=False)
     w = start(running, writer_for(client, results, record))
-    with caplog.at_level(logging.WARNING, logger="dra_gpu.prepare.device_status"):
+    with caplog.at_level(logging.WARNING, logger="dra_gpu.kubeletplugin.claim_status"):
         w.submit(REF)
         assert next_result(results) == "unsupported"
     assert any("DRAResourceClaimDeviceStatus" in r.getMessage() for r in caplog.records)
@@ -355,34 +373,25 @@ def test_a_full_queue_drops_without_blocking(
     assert results.get_nowait() == "dropped"
 
 
-class Prepared:
-    def __init__(self, answers: dict[ClaimUID, PrepareResult]) -> None:
-        self.answers = answers
-
-    def prepare(self, refs: Any) -> dict[ClaimUID, PrepareResult]:
-        return self.answers
-
-    def unprepare(self, refs: Any) -> dict[ClaimUID, str]:
-        return {r.uid: "" for r in refs}
-
-
-class Submitted:
-    def __init__(self) -> None:
-        self.refs: list[ClaimRef] = []
-
-    def submit(self, ref: ClaimRef) -> None:
-        self.refs.append(ref)
-
-
-def test_only_prepared_claims_are_submitted() -> None:
+def test_only_prepared_claims_are_written_and_unprepared_ones_never(
+    results: queue.Queue[str], record: ClaimRecord, running: list[Any]
+) -> None:
+    client = FakeClient(api_claim())
+    records = Records(record)
+    w = start(running, writer_for(client, results, records, settle_s=0.3))
     failed = ClaimRef(uid=ClaimUID("uid-2"), namespace="ns", name="bad")
     device = PreparedDevice(("gpu",), NODE, DeviceName("gpu-0"), ())
-    handler = Prepared(
-        {REF.uid: PrepareResult(devices=(device,)), failed.uid: PrepareResult(error="no")}
-    )
-    writer = Submitted()
-    reporting = device_status.StatusReporting(handler, writer)
-    assert reporting.prepare([REF, failed]) == handler.answers
-    assert writer.refs == [REF]
-    assert reporting.unprepare([REF]) == {REF.uid: ""}
-    assert writer.refs == [REF]  # unprepare leaves the entries to the API server
+    answers = {REF.uid: PrepareResult(devices=(device,)), failed.uid: PrepareResult(error="no")}
+    for _ in range(3):  # the kubelet's repeats within the settle time: one write
+        w.prepared([REF, failed], answers, 0.001)
+    assert next_result(results) == "written"
+    assert len(client.applies) == 1
+
+    # Prepared again, then unprepared before the settle time is over: nothing is written.
+    w.unprepared([REF], {REF.uid: ""}, 0.001)
+    w.prepared([REF], answers, 0.001)
+    w.unprepared([REF], {REF.uid: ""}, 0.001)
+    records.checkpoint = Checkpoint()
+    w.prepared([failed], answers, 0.001)
+    time.sleep(0.9)  # three settle times: a write due would have been made by now
+    assert results.empty() and len(client.applies) == 1

@@ -27,6 +27,7 @@ from fake_claims import FakeFetcher, claim, inventory, result
 from dra_gpu import discover_cmd
 from dra_gpu.devices import nvml
 from dra_gpu.devices.model import Discovery
+from dra_gpu.kubeletplugin import events
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.plugin import lifecycle
 from dra_gpu.plugin import settings as plugin_settings
@@ -127,6 +128,7 @@ def prepared_spec(
             platform=lifecycle.platform_of(settings),
             client=NO_API,
             inventory=lambda: devices,
+            poster=events.EventPoster(NO_API),
         )
         states.append(state)
         out = state.prepare([ClaimRef(uid=ClaimUID("u1"), namespace="default", name="claim-u1")])

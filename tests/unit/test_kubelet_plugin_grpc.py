@@ -35,6 +35,7 @@ from dra_gpu.kube.transport import Transport
 from dra_gpu.kubeletplugin import (
     call_lock,
     device_health,
+    events,
     grpcio_server,
     healthz,
     kit,
@@ -442,7 +443,11 @@ def prepare_state(root: Path, *extra: str) -> DeviceState:
     settings = make_settings(root, "--state-dir", str(root / "state"), *extra)
     unused = KubeClient(Transport("http://127.0.0.1:9"), auth=credentials.StaticToken())
     return lifecycle.device_state(
-        settings, platform=lifecycle.platform_of(settings), client=unused, inventory=lambda: {}
+        settings,
+        platform=lifecycle.platform_of(settings),
+        client=unused,
+        inventory=lambda: {},
+        poster=events.EventPoster(unused),
     )
 
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dra_gpu import metrics
-from dra_gpu.prepare import events
+from dra_gpu.kubeletplugin import dra_service, events
+from dra_gpu.kubeletplugin.driver import PrepareResult, Step
+from dra_gpu.pb import dra_v1_pb2
 
 
 @pytest.mark.parametrize(
@@ -35,25 +36,37 @@ def test_bad_metrics_address_is_named(text: str) -> None:
         metrics.parse_address(text)
 
 
-@dataclass(frozen=True)
-class Ref:
-    uid: str
-    namespace: str = "ns"
-    name: str = "c"
-
-
-@dataclass(frozen=True)
-class Result:
-    error: str = ""
-    kind: str = ""
-
-
 class Handler:
-    def prepare(self, refs: Sequence[Any]) -> Mapping[Any, Any]:
-        return {r.uid: Result("bad", "PlanError") if r.uid == "bad" else Result() for r in refs}
+    def prepare(self, refs: Sequence[Any]) -> Mapping[Any, PrepareResult]:
+        return {
+            r.uid: PrepareResult(error="bad", kind="PlanError")
+            if r.uid == "bad"
+            else PrepareResult()
+            for r in refs
+        }
 
     def unprepare(self, refs: Sequence[Any]) -> Mapping[Any, str]:
         return {r.uid: "" for r in refs}
+
+
+class Kubelet:
+    """Calls as the kubelet makes them, through the kit's DRA service and its steps."""
+
+    def __init__(self, *steps: Step) -> None:
+        self._methods = {
+            m.name: m for m in dra_service.methods(Handler(), steps) if ".v1.DRAPlugin" in m.path
+        }
+
+    def _claims(self, uids: Sequence[str]) -> list[dra_v1_pb2.Claim]:
+        return [dra_v1_pb2.Claim(uid=u, namespace="ns", name="c") for u in uids]
+
+    def prepare(self, *uids: str) -> Any:
+        request = dra_v1_pb2.NodePrepareResourcesRequest(claims=self._claims(uids))
+        return self._methods["NodePrepareResources"].handle(request, None)  # type: ignore[arg-type]
+
+    def unprepare(self, *uids: str) -> Any:
+        request = dra_v1_pb2.NodeUnprepareResourcesRequest(claims=self._claims(uids))
+        return self._methods["NodeUnprepareResources"].handle(request, None)  # type: ignore[arg-type]
 
 
 def sample(m: metrics.PluginMetrics, name: str, **labels: str) -> float | None:
@@ -62,9 +75,9 @@ def sample(m: metrics.PluginMetrics, name: str, **labels: str) -> float | None:
 
 def test_prepare_calls_and_claims_are_counted_by_result_and_kind() -> None:
     m = metrics.PluginMetrics()
-    handler = m.measured(Handler())
-    handler.prepare([Ref("a"), Ref("bad")])
-    handler.unprepare([Ref("a")])
+    kubelet = Kubelet(m)
+    kubelet.prepare("a", "bad")
+    kubelet.unprepare("a")
     assert sample(m, "dra_gpu_plugin_calls_total", operation="prepare") == 1
     ok = {"operation": "prepare", "result": "ok", "error_kind": ""}
     assert sample(m, "dra_gpu_plugin_claims_total", **ok) == 1
@@ -115,10 +128,11 @@ CLAIM: dict[str, Any] = {
 
 def test_failure_is_an_event_on_the_claim_and_its_pods_once() -> None:
     client = FakeClient(CLAIM)
-    handler = events.FailureEvents(Handler(), client, node_name="n1")  # type: ignore[arg-type]
+    poster = events.EventPoster(client)  # type: ignore[arg-type]
+    kubelet = Kubelet(events.FailureEvents(poster, node_name="n1", source="test"))
     for _ in range(3):
-        handler.prepare([Ref("bad"), Ref("a")])
-    handler.close()
+        assert kubelet.prepare("bad", "a").claims["bad"].error == "bad"
+    poster.close()
     involved = [(e["involvedObject"]["kind"], e["involvedObject"]["uid"]) for e in client.posted]
     assert involved == [("ResourceClaim", "bad"), ("Pod", "pod-uid")]
     assert all(e["reason"] == "PrepareFailed" and "n1" in e["message"] for e in client.posted)
@@ -131,9 +145,9 @@ def test_failure_events_carry_what_the_charts_policy_requires() -> None:
     # (tests/cluster/test_manifests.py).
     for claim in (CLAIM, None):  # read, or gone by the time the Event is posted
         client = FakeClient(claim)
-        handler = events.FailureEvents(Handler(), client, node_name="n1")  # type: ignore[arg-type]
-        handler.prepare([Ref("bad")])
-        handler.close()
+        poster = events.EventPoster(client)  # type: ignore[arg-type]
+        Kubelet(events.FailureEvents(poster, node_name="n1", source="test")).prepare("bad")
+        poster.close()
         assert client.posted
         for event in client.posted:
             assert event["metadata"]["namespace"] == event["involvedObject"]["namespace"] == "ns"
@@ -147,9 +161,9 @@ def test_failure_events_carry_what_the_charts_policy_requires() -> None:
 def test_claim_replaced_since_is_named_as_the_kubelet_asked() -> None:
     other = {**CLAIM, "metadata": {**CLAIM["metadata"], "uid": "someone-else"}}
     client = FakeClient(other)
-    handler = events.FailureEvents(Handler(), client, node_name="n1")  # type: ignore[arg-type]
-    handler.prepare([Ref("bad")])
-    handler.close()
+    poster = events.EventPoster(client)  # type: ignore[arg-type]
+    Kubelet(events.FailureEvents(poster, node_name="n1", source="test")).prepare("bad")
+    poster.close()
     assert [e["involvedObject"]["uid"] for e in client.posted] == ["bad"]
 
 

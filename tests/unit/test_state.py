@@ -59,7 +59,6 @@ from fake_claims import (
     result,
 )
 from lock_holder import held_by_another_process
-from test_checkpoint_legacy_journal import legacy_slot
 
 from dra_gpu.kubeletplugin import atomicfile, call_lock
 from dra_gpu.kubeletplugin.ids import ClaimUID
@@ -327,31 +326,6 @@ def test_corrupt_checkpoint_then_restart_keeps_every_prepared_claim(env: Env) ->
     assert not records["u1"].from_spec and not records["u2"].from_spec
     assert restarted.unprepare([ref("u1"), ref("u2")]) == {"u1": "", "u2": ""}
     assert env.specs() == set() and env.checkpoint_claims() == {}
-
-
-def test_corrupt_checkpoint_keeps_full_records_from_the_previous_releases_journal(
-    env: Env,
-) -> None:
-    """Upgraded from the release with the journal: its entry has what the file lost."""
-    env.fetcher.add(claim("u1", [result("gpu-0", "train")]))
-    env.fetcher.add(claim("u2", [result(MIG, "infer")]))
-    state = env.state()
-    answers = state.prepare([ref("u1"), ref("u2")])
-    written = CheckpointStore(env.state_dir).load()
-    journal = legacy_slot(written.generation, (env.state_dir / "checkpoint.json").read_bytes())
-    (env.state_dir / "checkpoint.journal-0").write_bytes(journal)
-    (env.state_dir / "checkpoint.json").write_text("{not json")
-
-    report = env.state().start()
-    assert report.corrupt is not None
-    assert (
-        "kept 0 claim record(s), restored 2 from the previous release's journal, rebuilt 0"
-        in report.corrupt
-    )
-    assert list(env.state_dir.glob("checkpoint.journal-*")) == []
-    records = CheckpointStore(env.state_dir).load().claims
-    assert not records["u1"].from_spec and not records["u2"].from_spec
-    assert env.state().prepare([ref("u1"), ref("u2")]) == answers
 
 
 def test_a_spec_that_cannot_be_read_back_is_reported_and_kept(env: Env) -> None:
