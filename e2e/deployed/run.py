@@ -28,9 +28,7 @@ the git ref REF and installed with that tree's chart and default values; ``upgra
 tree's chart and image (``e2e-2``). The scenarios are left out (they judge this tree's plugin, not
 REF's). ``upgrade`` also checks, before it, that REF's plugins wrote the journal files of their
 checkpoint (``checkpoint.journal-0``/``-1``, the previous release's durable writes) on each node
-holding a claim, that ``helm upgrade --reuse-values`` is refused with the chart's message when
-REF's default values set ``kubeletPlugin.grpcServer`` and that ``--reset-then-reuse-values``
-renders (``--dry-run``); after it, that the journal files are gone.
+holding a claim; after it, that the journal files are gone.
 
 ``Report.figures`` holds the timings ``bench/deployed.py`` prints.
 """
@@ -53,7 +51,6 @@ from typing import Any
 from kubernetes.client import ApiException
 
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
-from e2e import helm
 from e2e.cluster import ClusterError
 from e2e.deployed import node_state
 from e2e.deployed.env import REAL_NODE_SELECTOR, RELEASES, TAGS, DeployedEnv, Release
@@ -66,7 +63,6 @@ TIMEOUT_S = 180.0
 OLD_POD_S = 60.0  # an old plugin pod's termination after helm --wait returned
 FAILED_PREPARE = "FailedPrepareDynamicResources"
 PROBES_HELD = 4
-REMOVED_GRPC_SERVER = "kubeletPlugin.grpcServer was removed"
 
 
 def _stderr(line: str) -> None:
@@ -310,38 +306,12 @@ class Checks:
             if not found.get(node)
         ]
 
-    def reused_values(self) -> list[str]:
-        """``helm upgrade --dry-run`` of the first release to this chart keeping its values:
-        ``--reuse-values`` keeps the earlier chart's defaults too, so a removed value among them
-        must be refused with the chart's message; ``--reset-then-reuse-values`` (this chart's
-        defaults, the user's own values) renders."""
-        release = RELEASES[0]
-        previous = self.env.previous
-        assert previous is not None
-        defaults = (previous.chart / "values.yaml").read_text()
-        base = ["upgrade", release.name, str(helm.CHART), "--namespace", release.name]
-        base += ["--dry-run", "--set", f"image.tag={TAGS[1]}"]
-        problems = []
-        if "grpcServer:" in defaults:
-            try:
-                self.env.helm(*base, "--reuse-values")
-                problems.append("--reuse-values kept grpcServer, and the chart did not refuse it")
-            except RuntimeError as exc:
-                if REMOVED_GRPC_SERVER not in str(exc):
-                    problems.append(f"--reuse-values failed, not with the chart's message: {exc}")
-        try:
-            self.env.helm(*base, "--reset-then-reuse-values")
-        except RuntimeError as exc:
-            problems.append(str(exc))
-        return problems
-
     def upgrade(self) -> list[str]:
         holding = [self.start_running("one-gpu"), self.start_running("mig-by-profile")]
         held = self.held_claims(holding)
         before: list[str] = []
         if self.env.previous is not None:
             before += self.previous_journals(held)
-            before += self.reused_values()
         failed_prepares: list[str] = []
         stop = threading.Event()
 

@@ -5,7 +5,6 @@ Cases:
 - ``kubeletPlugin.migMode=dynamic`` starts the plugin in dynamic MIG mode; static renders
   nothing (the plugin's default), and another value fails the render; so does
   ``kubeletPlugin.sharing.consumableShares`` (memory, an integer; disabled renders nothing);
-- ``kubeletPlugin.grpcServer`` (removed) fails the render with a message that says so;
 - every object the chart renders is accepted by the API server (server-side dry-run), for the
   default values, simulated GPUs, and both ways of getting the webhook certificate;
 - the ValidatingAdmissionPolicies: a token of the plugin's ServiceAccount bound to node A may
@@ -239,15 +238,6 @@ def test_mig_mode_value_starts_the_plugin_in_dynamic_mode_and_leaves_static_unre
     assert "MIG_MODE" not in _plugin_env({})
     with pytest.raises(RuntimeError, match='migMode must be static or dynamic, not "Dynamic"'):
         helm.render(set_values={"kubeletPlugin.migMode": "Dynamic"})
-
-
-@pytest.mark.parametrize("value", ["grpcio", "builtin"])
-def test_the_removed_grpc_server_value_fails_the_render_saying_so(value: str) -> None:
-    # A values file of an older release that still sets it: told, not silently changed.
-    removed = "kubeletPlugin.grpcServer was removed: grpcio always serves the plugin's gRPC sockets"
-    with pytest.raises(RuntimeError, match=removed):
-        helm.render(set_values={"kubeletPlugin.grpcServer": value})
-    assert "GRPC_SERVER" not in _plugin_env({})
 
 
 # ----- the ValidatingAdmissionPolicy ------------------------------------------------------
