@@ -17,7 +17,6 @@ kube-proxy), then runs these checks in order and prints one line per check and a
   image tag; pods are created throughout the rollout; afterwards every plugin pod runs the new
   image, no pod got a ``FailedPrepareDynamicResources`` event, every pod created during the rollout
   ran, the claims prepared before it are unprepared by the new plugins when their pods go, and a
-  pod created after it runs;
   pod created after it runs; the nodes' ``checkpoint.json`` still hold the claims prepared
   before it;
 - ``uninstall``: ``helm uninstall`` removes the chart's objects; what stays (docs/install.md):
@@ -26,9 +25,8 @@ kube-proxy), then runs these checks in order and prints one line per check and a
 ``--upgrade-from REF``: the upgrade from an earlier release. ``e2e-1`` is built from the tree of
 the git ref REF and installed with that tree's chart and default values; ``upgrade`` goes to this
 tree's chart and image (``e2e-2``). The scenarios are left out (they judge this tree's plugin, not
-REF's). ``upgrade`` also checks, before it, that REF's plugins wrote the journal files of their
-checkpoint (``checkpoint.journal-0``/``-1``, the previous release's durable writes) on each node
-holding a claim; after it, that the journal files are gone.
+REF's); ``upgrade`` checks the same as without it, the claims REF's plugins prepared kept in
+the nodes' checkpoints among them.
 
 ``Report.figures`` holds the timings ``bench/deployed.py`` prints.
 """
@@ -291,27 +289,9 @@ class Checks:
                 held.setdefault(node, set()).update(uids)
         return held
 
-    def journals(self) -> dict[str, list[str]]:
-        return {r.node: node_state.journal_names(self.env.state_dir(r.node)) for r in RELEASES}
-
-    def previous_journals(self, held: dict[str, set[str]]) -> list[str]:
-        """Before the upgrade from an earlier release: its journal files on each node that holds
-        a claim (else the upgrade would not exercise their migration)."""
-        found = self.journals()
-        for node, names in found.items():
-            print(f"    journal files on {node} before the upgrade: {names}", flush=True)
-        return [
-            f"{node}: no journal file of the previous release in {self.env.state_dir(node)}"
-            for node in held
-            if not found.get(node)
-        ]
-
     def upgrade(self) -> list[str]:
         holding = [self.start_running("one-gpu"), self.start_running("mig-by-profile")]
         held = self.held_claims(holding)
-        before: list[str] = []
-        if self.env.previous is not None:
-            before += self.previous_journals(held)
         failed_prepares: list[str] = []
         stop = threading.Event()
 
@@ -365,7 +345,7 @@ class Checks:
         watcher.start()
         prober.start()
         started = time.monotonic()
-        problems: list[str] = list(before)
+        problems: list[str] = []
         try:
             for release in RELEASES:
                 self.env.upgrade(release, TAGS[1])
@@ -427,15 +407,10 @@ class Checks:
         return problems
 
     def _checkpoints_kept(self, held: dict[str, set[str]]) -> list[str]:
-        """Once only the new plugins run: no journal file of the previous release is left, and
-        each node's checkpoint.json holds the claims prepared before the upgrade."""
-        problems = [
-            f"{node}: journal files left after the upgrade: {names}"
-            for node, names in self.journals().items()
-            if names
-        ]
+        """Once only the new plugins run: each node's checkpoint.json holds the claims prepared
+        before the upgrade."""
         files = {node: node_state.read_checkpoint(self.env.state_dir(node)) for node in held}
-        return problems + node_state.missing_claims(held, files)
+        return node_state.missing_claims(held, files)
 
     def _unprepared_by_new(self, runs: list[runner.Run]) -> list[str]:
         """Each claim's unprepare is in the log of a plugin pod of the new version."""
