@@ -28,6 +28,11 @@ tree's chart and image (``e2e-2``). The scenarios are left out (they judge this 
 REF's); ``upgrade`` checks the same as without it, the claims REF's plugins prepared kept in
 the nodes' checkpoints among them.
 
+From 0.2.0 on, upgrades are supported from the previous release (CHANGELOG.md), and this is
+their test: ``--upgrade-from <previous release commit>``. 0.2.0 is the first release, so the
+default (no ``--upgrade-from``) builds both images from this tree; once there is a previous
+release, the upgrade test's default starting point becomes that release's commit.
+
 ``Report.figures`` holds the timings ``bench/deployed.py`` prints.
 """
 
@@ -525,7 +530,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--upgrade-from",
         metavar="REF",
         help="build the first image from this git ref (a commit, tag or branch of the "
-        "repository) and install it with that ref's chart; the upgrade goes to this tree",
+        "repository) and install it with that ref's chart; the upgrade goes to this tree. "
+        "Default: both images from this tree (0.2.0 is the first release); once there is a "
+        "previous release, pass its commit",
     )
     return parser.parse_args(argv)
 
