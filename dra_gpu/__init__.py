@@ -2,7 +2,7 @@
 
 import os
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 DRIVER_NAME = "gpu.nvidia.com"
 

@@ -111,10 +111,10 @@ class Capabilities:
         if self.claim_driver_subresource:
             # DRAResourceClaimGranularStatusAuthorization (beta, on from 1.36)
             return (
-                "resourceclaims/status update and resourceclaims/driver associated-node:update "
+                "resourceclaims/status patch and resourceclaims/driver associated-node:update "
                 "for the driver's name (granular status authorization)"
             )
-        return "resourceclaims/status update"
+        return "resourceclaims/status patch"
 
     @property
     def kubelet_dra_service(self) -> str | None:

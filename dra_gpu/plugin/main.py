@@ -67,8 +67,6 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for warning in settings.warnings:
-        log.warning("%s", warning)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

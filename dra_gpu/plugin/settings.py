@@ -61,21 +61,12 @@ ENV_VARS: Mapping[str, str] = {
     "time_slicing_settings": "TIME_SLICING_SETTINGS",
     "mps_support": "MPS_SUPPORT",
     "mig_mode": "MIG_MODE",
-    "grpc_server": "GRPC_SERVER",
     "consumable_shares": "CONSUMABLE_SHARES",
     "telemetry_interval": "TELEMETRY_INTERVAL",
     "idle_after": "IDLE_AFTER",
     "idle_threshold": "IDLE_THRESHOLD",
 }
 MIG_MODES = ("static", "dynamic")
-# --grpc-server / GRPC_SERVER picked between two gRPC servers; grpcio is now the only one. A
-# DaemonSet made by an older chart with kubeletPlugin.grpcServer=grpcio still passes
-# GRPC_SERVER=grpcio when only its image is updated, so that value is accepted (and ignored,
-# with a warning) rather than stopping the plugin on every node; "builtin", which that chart
-# never rendered, was set by hand and asks for a server that is gone: refused.
-REMOVED_GRPC_SERVER = (
-    "--grpc-server / GRPC_SERVER was removed: grpcio always serves the plugin's gRPC sockets"
-)
 
 
 class SettingsError(UserError, ValueError):
@@ -109,8 +100,6 @@ class Settings:
     mps_support: bool = False
     # "dynamic": MIG devices are created by prepare (docs/dynamic-mig.md); "static": as found.
     mig_mode: str = "static"
-    # Warnings about the settings (a removed setting given), logged once logging is set up.
-    warnings: tuple[str, ...] = ()
     # Consumable shares (docs/sharing.md#consumable-shares): several claims per device, each
     # given an MPS server of its own with its limits when --mps-support is on; None: off.
     consumable_shares: shares.ShareMode | None = None
@@ -229,12 +218,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a limit (unlimited) or for N claims (an integer); with --mps-support each share gets "
         "an MPS server limited to its memory and compute (default disabled)",
         metavar="MODE",
-    )
-    add(
-        "--grpc-server",
-        "grpc_server",
-        "removed: grpcio always serves the gRPC sockets; 'grpcio' is still accepted (with a "
-        "warning), any other value is an error",
     )
     add(
         "--telemetry-interval",
@@ -372,12 +355,6 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     mig_mode = pick("mig_mode") or "static"
     if mig_mode not in MIG_MODES:
         raise SettingsError(f"MIG mode must be static or dynamic, got {mig_mode!r}")
-    warnings: list[str] = []
-    grpc_server = pick("grpc_server")
-    if grpc_server == "grpcio":
-        warnings.append(f"{REMOVED_GRPC_SERVER}; remove the setting (it is ignored)")
-    elif grpc_server is not None:
-        raise SettingsError(f"{REMOVED_GRPC_SERVER}; remove the setting (got {grpc_server!r})")
     mps_support = _switch(pick("mps_support"), "--mps-support")
     try:
         share_mode = shares.parse_mode(pick("consumable_shares"), compute=mps_support)
@@ -406,7 +383,6 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         time_slicing_settings=_switch(pick("time_slicing_settings"), "--time-slicing-settings"),
         mps_support=mps_support,
         mig_mode=mig_mode,
-        warnings=tuple(warnings),
         consumable_shares=share_mode,
         telemetry_interval_s=_seconds(
             pick("telemetry_interval"), DEFAULT_TELEMETRY_INTERVAL_S, "--telemetry-interval"

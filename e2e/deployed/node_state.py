@@ -1,9 +1,8 @@
 """What a node's plugin state directory says about the claims it holds, judged from the host.
 
-The upgrade from the previous release must take over that release's checkpoint: before it, the
-previous release's journal files sit beside ``checkpoint.json``; after it, they are gone and
-``checkpoint.json`` still holds every claim prepared before (``dra_gpu.prepare.checkpoint``
-decodes it, so the check reads the file as the plugin does).
+The upgrade must take over the earlier version's checkpoint: after it, ``checkpoint.json`` still
+holds every claim prepared before (``dra_gpu.prepare.checkpoint`` decodes it, so the check reads
+the file as the plugin does).
 """
 
 from __future__ import annotations
@@ -11,12 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
-from dra_gpu.prepare import checkpoint, legacy_journal
-
-
-def journal_names(state_dir: Path) -> list[str]:
-    """The previous release's journal files present in ``state_dir``."""
-    return [name for name in legacy_journal.SLOT_NAMES if (state_dir / name).is_file()]
+from dra_gpu.prepare import checkpoint
 
 
 def read_checkpoint(state_dir: Path) -> bytes | None:

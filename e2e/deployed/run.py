@@ -17,7 +17,6 @@ kube-proxy), then runs these checks in order and prints one line per check and a
   image tag; pods are created throughout the rollout; afterwards every plugin pod runs the new
   image, no pod got a ``FailedPrepareDynamicResources`` event, every pod created during the rollout
   ran, the claims prepared before it are unprepared by the new plugins when their pods go, and a
-  pod created after it runs;
   pod created after it runs; the nodes' ``checkpoint.json`` still hold the claims prepared
   before it;
 - ``uninstall``: ``helm uninstall`` removes the chart's objects; what stays (docs/install.md):
@@ -26,11 +25,13 @@ kube-proxy), then runs these checks in order and prints one line per check and a
 ``--upgrade-from REF``: the upgrade from an earlier release. ``e2e-1`` is built from the tree of
 the git ref REF and installed with that tree's chart and default values; ``upgrade`` goes to this
 tree's chart and image (``e2e-2``). The scenarios are left out (they judge this tree's plugin, not
-REF's). ``upgrade`` also checks, before it, that REF's plugins wrote the journal files of their
-checkpoint (``checkpoint.journal-0``/``-1``, the previous release's durable writes) on each node
-holding a claim, that ``helm upgrade --reuse-values`` is refused with the chart's message when
-REF's default values set ``kubeletPlugin.grpcServer`` and that ``--reset-then-reuse-values``
-renders (``--dry-run``); after it, that the journal files are gone.
+REF's); ``upgrade`` checks the same as without it, the claims REF's plugins prepared kept in
+the nodes' checkpoints among them.
+
+From 0.2.0 on, upgrades are supported from the previous release (CHANGELOG.md), and this is
+their test: ``--upgrade-from <previous release commit>``. 0.2.0 is the first release, so the
+default (no ``--upgrade-from``) builds both images from this tree; once there is a previous
+release, the upgrade test's default starting point becomes that release's commit.
 
 ``Report.figures`` holds the timings ``bench/deployed.py`` prints.
 """
@@ -53,7 +54,6 @@ from typing import Any
 from kubernetes.client import ApiException
 
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
-from e2e import helm
 from e2e.cluster import ClusterError
 from e2e.deployed import node_state
 from e2e.deployed.env import REAL_NODE_SELECTOR, RELEASES, TAGS, DeployedEnv, Release
@@ -66,7 +66,6 @@ TIMEOUT_S = 180.0
 OLD_POD_S = 60.0  # an old plugin pod's termination after helm --wait returned
 FAILED_PREPARE = "FailedPrepareDynamicResources"
 PROBES_HELD = 4
-REMOVED_GRPC_SERVER = "kubeletPlugin.grpcServer was removed"
 
 
 def _stderr(line: str) -> None:
@@ -295,53 +294,9 @@ class Checks:
                 held.setdefault(node, set()).update(uids)
         return held
 
-    def journals(self) -> dict[str, list[str]]:
-        return {r.node: node_state.journal_names(self.env.state_dir(r.node)) for r in RELEASES}
-
-    def previous_journals(self, held: dict[str, set[str]]) -> list[str]:
-        """Before the upgrade from an earlier release: its journal files on each node that holds
-        a claim (else the upgrade would not exercise their migration)."""
-        found = self.journals()
-        for node, names in found.items():
-            print(f"    journal files on {node} before the upgrade: {names}", flush=True)
-        return [
-            f"{node}: no journal file of the previous release in {self.env.state_dir(node)}"
-            for node in held
-            if not found.get(node)
-        ]
-
-    def reused_values(self) -> list[str]:
-        """``helm upgrade --dry-run`` of the first release to this chart keeping its values:
-        ``--reuse-values`` keeps the earlier chart's defaults too, so a removed value among them
-        must be refused with the chart's message; ``--reset-then-reuse-values`` (this chart's
-        defaults, the user's own values) renders."""
-        release = RELEASES[0]
-        previous = self.env.previous
-        assert previous is not None
-        defaults = (previous.chart / "values.yaml").read_text()
-        base = ["upgrade", release.name, str(helm.CHART), "--namespace", release.name]
-        base += ["--dry-run", "--set", f"image.tag={TAGS[1]}"]
-        problems = []
-        if "grpcServer:" in defaults:
-            try:
-                self.env.helm(*base, "--reuse-values")
-                problems.append("--reuse-values kept grpcServer, and the chart did not refuse it")
-            except RuntimeError as exc:
-                if REMOVED_GRPC_SERVER not in str(exc):
-                    problems.append(f"--reuse-values failed, not with the chart's message: {exc}")
-        try:
-            self.env.helm(*base, "--reset-then-reuse-values")
-        except RuntimeError as exc:
-            problems.append(str(exc))
-        return problems
-
     def upgrade(self) -> list[str]:
         holding = [self.start_running("one-gpu"), self.start_running("mig-by-profile")]
         held = self.held_claims(holding)
-        before: list[str] = []
-        if self.env.previous is not None:
-            before += self.previous_journals(held)
-            before += self.reused_values()
         failed_prepares: list[str] = []
         stop = threading.Event()
 
@@ -395,7 +350,7 @@ class Checks:
         watcher.start()
         prober.start()
         started = time.monotonic()
-        problems: list[str] = list(before)
+        problems: list[str] = []
         try:
             for release in RELEASES:
                 self.env.upgrade(release, TAGS[1])
@@ -457,15 +412,10 @@ class Checks:
         return problems
 
     def _checkpoints_kept(self, held: dict[str, set[str]]) -> list[str]:
-        """Once only the new plugins run: no journal file of the previous release is left, and
-        each node's checkpoint.json holds the claims prepared before the upgrade."""
-        problems = [
-            f"{node}: journal files left after the upgrade: {names}"
-            for node, names in self.journals().items()
-            if names
-        ]
+        """Once only the new plugins run: each node's checkpoint.json holds the claims prepared
+        before the upgrade."""
         files = {node: node_state.read_checkpoint(self.env.state_dir(node)) for node in held}
-        return problems + node_state.missing_claims(held, files)
+        return node_state.missing_claims(held, files)
 
     def _unprepared_by_new(self, runs: list[runner.Run]) -> list[str]:
         """Each claim's unprepare is in the log of a plugin pod of the new version."""
@@ -580,7 +530,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--upgrade-from",
         metavar="REF",
         help="build the first image from this git ref (a commit, tag or branch of the "
-        "repository) and install it with that ref's chart; the upgrade goes to this tree",
+        "repository) and install it with that ref's chart; the upgrade goes to this tree. "
+        "Default: both images from this tree (0.2.0 is the first release); once there is a "
+        "previous release, pass its commit",
     )
     return parser.parse_args(argv)
 

@@ -5,7 +5,6 @@ Cases:
 - ``kubeletPlugin.migMode=dynamic`` starts the plugin in dynamic MIG mode; static renders
   nothing (the plugin's default), and another value fails the render; so does
   ``kubeletPlugin.sharing.consumableShares`` (memory, an integer; disabled renders nothing);
-- ``kubeletPlugin.grpcServer`` (removed) fails the render with a message that says so;
 - every object the chart renders is accepted by the API server (server-side dry-run), for the
   default values, simulated GPUs, and both ways of getting the webhook certificate;
 - the ValidatingAdmissionPolicies: a token of the plugin's ServiceAccount bound to node A may
@@ -66,6 +65,7 @@ POLICY_NS = "dra-gpu-policy"
 PLUGIN_SA = "dra-gpu-kubelet-plugin"
 CONTROLLER_SA = "dra-gpu-controller"
 WAIT_S = 60.0
+MERGE_PATCH = "application/merge-patch+json"
 wait_for = functools.partial(waiting.wait_for, timeout=WAIT_S, every=0.5)  # probes run kubectl
 
 # Schema-less stand-ins for the CRDs of cert-manager and the Prometheus Operator, whose objects
@@ -240,15 +240,6 @@ def test_mig_mode_value_starts_the_plugin_in_dynamic_mode_and_leaves_static_unre
     assert "MIG_MODE" not in _plugin_env({})
     with pytest.raises(RuntimeError, match='migMode must be static or dynamic, not "Dynamic"'):
         helm.render(set_values={"kubeletPlugin.migMode": "Dynamic"})
-
-
-@pytest.mark.parametrize("value", ["grpcio", "builtin"])
-def test_the_removed_grpc_server_value_fails_the_render_saying_so(value: str) -> None:
-    # A values file of an older release that still sets it: told, not silently changed.
-    removed = "kubeletPlugin.grpcServer was removed: grpcio always serves the plugin's gRPC sockets"
-    with pytest.raises(RuntimeError, match=removed):
-        helm.render(set_values={"kubeletPlugin.grpcServer": value})
-    assert "GRPC_SERVER" not in _plugin_env({})
 
 
 # ----- the ValidatingAdmissionPolicy ------------------------------------------------------
@@ -903,7 +894,8 @@ def test_plugin_role_grants_driver_status_only_where_the_server_checks_it(
     version: str, granular: bool
 ) -> None:
     rules = _plugin_rules(version)
-    assert {"resources": ["resourceclaims/status"], "verbs": ["patch", "update"]}.items() <= next(
+    # patch only: the plugin's one write of a claim is a server-side apply, never a PUT
+    assert {"resources": ["resourceclaims/status"], "verbs": ["patch"]}.items() <= next(
         r for r in rules if r["resources"] == ["resourceclaims/status"]
     ).items()
     driver_rules = [r for r in rules if r["resources"] == ["resourceclaims/driver"]]
@@ -965,6 +957,15 @@ def test_plugin_writes_only_its_own_drivers_device_status(
         "lastTransitionTime": "2026-12-02T00:00:00Z",
     }
 
+    # The plugin's token may patch a claim's status, not update (PUT) it: each write is a JSON
+    # merge patch of the status, whose lists replace the stored ones as a PUT's would.
+    def patch(target: str, status: dict[str, Any]) -> tuple[int, str]:
+        return _status_of(
+            lambda: client.request(
+                "PATCH", target, body={"status": status}, content_type=MERGE_PATCH
+            )
+        )
+
     def write(driver: str, device: str) -> tuple[int, str]:
         entry = {
             "driver": driver,
@@ -973,31 +974,20 @@ def test_plugin_writes_only_its_own_drivers_device_status(
             "conditions": [ready],
             "data": {"uuid": "GPU-x"},
         }
-        current = client.request(
-            "GET", f"/apis/resource.k8s.io/v1/namespaces/{POLICY_NS}/resourceclaims/status-test"
-        )
-        body = {**current, "status": {**current["status"], "devices": [entry]}}
-        return _status_of(lambda: client.request("PUT", path, body=body))
-
-    def rewrite(change: Callable[[dict[str, Any]], None]) -> tuple[int, str]:
-        current = client.request(
-            "GET", f"/apis/resource.k8s.io/v1/namespaces/{POLICY_NS}/resourceclaims/status-test"
-        )
-        change(current["status"])
-        return _status_of(lambda: client.request("PUT", path, body=current))
+        return patch(path, {"devices": [entry]})
 
     try:
         # Refused by the policy (403) before 1.36; from 1.36 the API server refuses first, as
         # an invalid change without resourceclaims/binding (422).
         if claim_driver_checked(client):
-            status, message = rewrite(lambda s: s.update(reservedFor=[_pod_ref()]))
+            status, message = patch(path, {"reservedFor": [_pod_ref()]})
             assert status == 422 and "resourceclaims/binding" in message, message
         else:
             wait_for(
                 "the device status policy to be in force",
-                lambda: rewrite(lambda s: s.update(reservedFor=[_pod_ref()]))[0] == 403,
+                lambda: patch(path, {"reservedFor": [_pod_ref()]})[0] == 403,
             )
-            status, message = rewrite(lambda s: s.update(reservedFor=[_pod_ref()]))
+            status, message = patch(path, {"reservedFor": [_pod_ref()]})
             assert "not a claim's allocation or reservedFor" in message, message
         assert write(DRIVER, "gpu-0") == (200, "")
         if claim_driver_checked(client):
@@ -1005,12 +995,10 @@ def test_plugin_writes_only_its_own_drivers_device_status(
             status, message = write("nic.example.com", "nic-0")
             assert status == 422 and "resourceclaims/driver" in message, message
         absent = f"/apis/resource.k8s.io/v1/namespaces/{POLICY_NS}/resourceclaims/absent/status"
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "absent", "namespace": POLICY_NS},
-        }
-        assert _status_of(lambda: client.request("PUT", absent, body=body))[0] == 404
+        assert patch(absent, {"devices": []})[0] == 404
+        # A PUT (update) is refused by RBAC: the role grants patch only.
+        current = client.request("GET", path.removesuffix("/status"))
+        assert _status_of(lambda: client.request("PUT", path, body=current))[0] == 403
     finally:
         cluster.kubectl("delete", "-n", POLICY_NS, "resourceclaim", "status-test", "--wait=false")
 

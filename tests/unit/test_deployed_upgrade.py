@@ -6,9 +6,9 @@ Cases:
   file has its earlier content), with its chart; a ref that names no commit, or a tree without the
   chart, is refused naming the ref;
 - the image build of another tree keys its wheels by that tree's lock;
-- a node's state directory: the previous release's journal files are found by name; every claim
-  held on a node must be in that node's checkpoint.json, and one missing, a missing file or one
-  that does not decode is named.
+- a node's state directory: every claim held on a node must be in that node's checkpoint.json,
+  and one missing, a missing file or one that does not decode is named; the upgrade check reads
+  each node's file from that node's state directory.
 """
 
 from __future__ import annotations
@@ -95,13 +95,6 @@ def test_another_trees_lock_gets_its_own_wheels(repo: Path, tmp_path: Path) -> N
     assert driver_image.lock_requirements(previous.root / "requirements.lock") == ["hpack==4.2.0"]
 
 
-def test_journal_files_are_found_by_name(tmp_path: Path) -> None:
-    assert node_state.journal_names(tmp_path) == []
-    (tmp_path / "checkpoint.journal-1").write_bytes(b"")
-    (tmp_path / "checkpoint.json").write_bytes(b"{}")
-    assert node_state.journal_names(tmp_path) == ["checkpoint.journal-1"]
-
-
 def _checkpoint(*uids: str) -> bytes:
     record = ClaimRecord(name="c", namespace="ns", state="PrepareCompleted")
     return encode(Checkpoint(claims={uid: record for uid in uids}))
@@ -120,6 +113,24 @@ def test_a_missing_or_undecodable_checkpoint_is_named() -> None:
     problems = node_state.missing_claims({"gpu-h200": {"a"}, "gpu-a100": {"b"}}, files)
     assert problems[0].startswith("gpu-a100: checkpoint.json does not decode")
     assert problems[1] == "gpu-h200: no checkpoint.json"
+
+
+def test_the_upgrade_check_reads_each_nodes_checkpoint_from_its_state_dir(tmp_path: Path) -> None:
+    from e2e.deployed.run import Checks
+
+    class Env:
+        def state_dir(self, node: str) -> Path:
+            return tmp_path / node
+
+    for node, uids in {"gpu-h200": ("a", "b"), "gpu-a100": ("c",)}.items():
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "checkpoint.json").write_bytes(_checkpoint(*uids))
+    checks = Checks.__new__(Checks)  # no cluster: only the env's state directories are read
+    checks.env = Env()  # type: ignore[assignment]
+    assert checks._checkpoints_kept({"gpu-h200": {"a", "b"}, "gpu-a100": {"c"}}) == []
+    assert checks._checkpoints_kept({"gpu-a100": {"a"}}) == [
+        "gpu-a100: checkpoint.json lacks claim a"
+    ]
 
 
 def test_a_runs_image_archives_are_its_own(tmp_path: Path) -> None:

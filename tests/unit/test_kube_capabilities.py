@@ -106,7 +106,7 @@ def test_claim_device_status_and_the_permission_it_needs_per_version(
     assert ("resourceclaims/driver associated-node:update" in caps.device_status_permission) is (
         granular
     )
-    assert "resourceclaims/status update" in caps.device_status_permission
+    assert "resourceclaims/status patch" in caps.device_status_permission
     summary = capabilities.plugin_report(caps)[0][1]
     assert f"claim device status {stage}" in summary
 

@@ -1,13 +1,12 @@
 """Kubelet plugin settings: flags, environment variables, defaults, validation, socket names.
 
 Cases: defaults; env fills in a missing flag; a flag wins over env; errors name what is wrong;
-default vs rolling-update socket names; the CLI lists the subcommand.
+default vs rolling-update socket names; the CLI exits 2 on an unusable setting.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
 import pytest
@@ -31,19 +30,7 @@ def test_defaults() -> None:
     assert s.cdi_root == Path("/var/run/cdi")
     assert s.kubeconfig is None and s.pod_uid is None and s.healthz_port is None
     assert s.healthz_address == "127.0.0.1"
-    assert s.warnings == ()
     assert not s.rolling_update
-
-
-def test_the_removed_grpc_server_setting_is_accepted_as_grpcio_with_a_warning() -> None:
-    # What a DaemonSet of an older chart (kubeletPlugin.grpcServer=grpcio) still passes when
-    # only its image is updated: the plugin starts, and says to remove it.
-    for settings in (
-        parse(["--node-name", "n", "--grpc-server", "grpcio"]),
-        parse(["--node-name", "n"], {"GRPC_SERVER": "grpcio"}),
-    ):
-        (warning,) = settings.warnings
-        assert "removed: grpcio always serves" in warning and "remove the setting" in warning
 
 
 def test_environment_fills_in_missing_flags() -> None:
@@ -95,15 +82,6 @@ N = {"NODE_NAME": "n"}
         pytest.param(["--rediscover-interval", "1m"], N, "number of seconds", id="interval-nan"),
         pytest.param([], {**N, "REDISCOVER_INTERVAL": "-5"}, ">= 0 seconds", id="interval-neg"),
         pytest.param(["--rediscover-interval", "inf"], N, ">= 0 seconds", id="interval-inf"),
-        pytest.param(
-            ["--grpc-server", "builtin"],
-            N,
-            "GRPC_SERVER was removed: grpcio always serves .*got 'builtin'",
-            id="grpc-server-builtin",
-        ),
-        pytest.param(
-            [], {**N, "GRPC_SERVER": "go"}, "GRPC_SERVER was removed.*got 'go'", id="grpc-server"
-        ),
     ],
 )
 def test_invalid_settings_are_refused_with_a_clear_message(
@@ -132,19 +110,8 @@ def test_socket_names(pod_uid: str | None, reg: str, dra: str) -> None:
     assert paths.lock.parent == Path("/data")
 
 
-def test_a_plugin_started_with_grpc_server_builtin_exits_2_saying_why(
+def test_a_plugin_started_with_an_unusable_setting_exits_2_saying_why(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert cli.main(["kubelet-plugin", "--node-name", "n", "--grpc-server", "builtin"]) == 2
-    err = capsys.readouterr().err
-    assert "--grpc-server / GRPC_SERVER was removed: grpcio always serves" in err
-
-
-def test_a_plugin_started_with_grpc_server_grpcio_logs_the_deprecation(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    argv = ["kubelet-plugin", "--node-name", "n", "--grpc-server", "grpcio"]
-    argv += ["--simulate", "h200x8", "--kubeconfig", str(tmp_path / "missing")]
-    assert cli.main(argv) == 1  # it starts (and stops at the kubeconfig that is not there)
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("GRPC_SERVER was removed" in w for w in warnings)
+    assert cli.main(["kubelet-plugin", "--node-name", "n", "--log-level", "loud"]) == 2
+    assert "log level must be DEBUG, INFO, WARNING or ERROR, got 'LOUD'" in capsys.readouterr().err

@@ -6,9 +6,8 @@ Here they are checked against the code they start:
 Cases:
 - every subcommand and flag the Deployment/DaemonSet pass exists in ``dra_gpu.cli``;
 - every environment variable the plugin container gets is one the plugin reads (the driver root
-  mounted at ``/driver-root`` read there, the host's ``/`` named in CDI specs), none is a removed
-  one (``GRPC_SERVER``), node name and pod UID come from the downward API, and the sockets' host
-  paths are mounted at the same path;
+  mounted at ``/driver-root`` read there, the host's ``/`` named in CDI specs), node name and pod
+  UID come from the downward API, and the sockets' host paths are mounted at the same path;
 - the plugin rolls out with surge (a new pod before the old one goes) and tolerates GPU nodes;
 - the controller runs as the image's non-root user, without privileges;
 - the simulated variant runs the plugin without privileges or capabilities.
@@ -74,7 +73,6 @@ def test_plugin_environment_is_read_by_the_plugin(rendered: dict[str, dict[str, 
     settings = plugin_settings.build_settings({}, {**values, "NODE_NAME": "n", "POD_UID": "u1"})
     assert settings.rolling_update
     assert settings.healthz_address == "0.0.0.0"
-    assert settings.warnings == ()  # no removed setting (GRPC_SERVER) passed
     if "DRIVER_ROOT" in env:
         # the host's / is mounted at /driver-root; CDI specs must name host paths
         assert settings.driver_root == Path("/driver-root")
