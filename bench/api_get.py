@@ -54,7 +54,7 @@ PLUGIN_MODULES = (
     "dra_gpu.plugin.health_monitor",
     "dra_gpu.kubeletplugin.slice_api",
     "dra_gpu.prepare.claims",
-    "dra_gpu.prepare.events",
+    "dra_gpu.kubeletplugin.events",
     "dra_gpu.kube.capabilities",
 )
 

@@ -7,7 +7,7 @@ One thread (``telemetry``); the NVML calls of a pass run on the sampler's bounde
 one by assignment; the collector reads whichever is current at scrape time, so a scrape never
 waits for NVML and never takes a lock. Idle state is touched by the loop's thread only.
 Events are posted from the loop's thread (best effort: a failure is logged by
-``prepare.events.post``), at most one per idle period and subject.
+``kubeletplugin.events.post``), at most one per idle period and subject.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ DEFAULT_INTERVAL_S = 10.0
 DEFAULT_IDLE_AFTER_S = 1800.0
 DEFAULT_IDLE_THRESHOLD = 0.01
 
-# (involvedObject, message) -> posts one Warning Event (prepare.events).
+# (involvedObject, message) -> posts one Warning Event (kubeletplugin.events).
 PostEvent = Callable[[Mapping[str, str], str], None]
 
 
