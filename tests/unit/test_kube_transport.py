@@ -712,8 +712,8 @@ def test_the_plugins_api_path_does_not_load_the_official_client(
     code = (
         "import sys, pathlib, threading\n"
         "from dra_gpu.plugin import main, node_plugin, current_devices, health_monitor\n"
-        "from dra_gpu.kubeletplugin import slice_api\n"
-        "from dra_gpu.prepare import claims, events\n"
+        "from dra_gpu.kubeletplugin import events, slice_api\n"
+        "from dra_gpu.prepare import claims\n"
         "from dra_gpu.kube import capabilities, client\n"
         f"c = client.connect(pathlib.Path({str(config)!r}))\n"
         "c.request('GET', '/length')\n"
