@@ -4,8 +4,8 @@ Design:
 - Bodies stay plain dicts: the plugin builds ResourceSlices as dicts, and the controller compares
   exactly what the server stored (including fields a client release may not model). Nothing is
   deserialized into client model classes, and the same code works across API server versions.
-- Credentials come from :mod:`credentials`; only a kubeconfig it leaves ``Unsupported`` loads
-  the official client, lazily (:func:`connect`).
+- Credentials come from :mod:`credentials` (``credentials.load``, which hands the kubeconfigs it
+  does not read itself to the official client's loader, lazily); this module reads none.
 - Every failure leaves this module as an :mod:`errors` type: HTTP statuses and watch ERROR
   events are mapped by ``errors.from_status``; connection errors, timeouts and malformed
   answers are ``ApiUnavailable``. The transport retries only a GET or HEAD whose connection
@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import json
 import re
-import ssl
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,104 +258,18 @@ def connect(kubeconfig: Path | None, *, default_kubeconfig: bool = False) -> Kub
 
     With ``default_kubeconfig``, a process outside a cluster falls back to the kubeconfig
     kubectl would read (``$KUBECONFIG``, else ``~/.kube/config``). Unreadable credentials are an
-    ``errors.ApiError`` whose message names the file or variable.
+    ``errors.ApiError`` whose message names the file or variable (see ``credentials.load``).
     """
     try:
-        if kubeconfig is None:
-            try:
-                return _from_credentials(credentials.in_cluster())
-            except credentials.CredentialsError as err:
-                if not default_kubeconfig:
-                    raise
-                kubeconfig = credentials.default_kubeconfig()
-                if kubeconfig is None:  # several files to merge: the official loader's job
-                    return _connect_with_official_loader(None)
-                if not kubeconfig.exists():
-                    raise credentials.CredentialsError(f"{err}; and no {kubeconfig}") from err
-        try:
-            return _from_credentials(credentials.from_kubeconfig(kubeconfig))
-        except credentials.Unsupported:
-            return _connect_with_official_loader(kubeconfig)
+        creds = credentials.load(kubeconfig, kubectl_default=default_kubeconfig)
     except credentials.CredentialsError as err:
         raise errors.ApiError(str(err)) from err
-
-
-def _from_credentials(creds: credentials.Credentials) -> KubeClient:
     transport = Transport(
-        creds.host, ssl_context=creds.ssl_context, proxy=proxy_from_environment(creds.host)
+        creds.host,
+        ssl_context=creds.ssl_context,
+        server_hostname=creds.server_hostname,
+        # The kubeconfig's proxy-url wins over the environment, as in kubectl.
+        proxy=creds.proxy or proxy_from_environment(creds.host),
+        proxy_headers=creds.proxy_headers,
     )
     return KubeClient(transport, auth=creds.auth)
-
-
-def _connect_with_official_loader(kubeconfig: Path | None) -> KubeClient:
-    from kubernetes import client as kclient  # heavy: only for exotic kubeconfigs
-    from kubernetes import config as kconfig
-
-    source = str(kubeconfig) if kubeconfig is not None else "$KUBECONFIG"
-
-    def load() -> Any:
-        cfg = kclient.Configuration()
-        try:
-            kconfig.load_kube_config(
-                config_file=str(kubeconfig) if kubeconfig is not None else None,
-                client_configuration=cfg,
-            )
-        except Exception as err:  # the loader raises assorted types for one cause: bad config
-            raise credentials.CredentialsError(
-                f"cannot load credentials from {source}: {err}"
-            ) from err
-        return cfg
-
-    try:
-        cfg = load()
-    except credentials.CredentialsError as err:
-        raise errors.ApiError(str(err)) from err
-    host = str(cfg.host)
-    try:
-        tls = _official_tls(cfg) if host.startswith("https://") else None
-    except OSError as err:  # ssl.SSLError is an OSError
-        raise errors.ApiError(f"cannot use the server settings from {source}: {err}") from err
-    transport = Transport(
-        host,
-        ssl_context=tls,
-        server_hostname=cfg.tls_server_name or None,
-        # The kubeconfig's proxy-url wins over the environment, as in kubectl.
-        proxy=str(cfg.proxy) if cfg.proxy else proxy_from_environment(host),
-        proxy_headers=cfg.proxy_headers,
-    )
-    return KubeClient(transport, auth=_OfficialAuth(cfg, load))
-
-
-class _OfficialAuth:
-    """The credentials the official loader read; :meth:`renew` loads the kubeconfig again."""
-
-    def __init__(self, cfg: Any, load: Callable[[], Any]) -> None:
-        self._cfg = cfg  # replaced whole by renew; requests read whichever is current
-        self._load = load
-
-    def headers(self) -> dict[str, str]:
-        # auth_settings() runs the loader's refresh hook, so expiring tokens are picked up.
-        settings: Any = self._cfg.auth_settings()
-        return {
-            str(s["key"]): str(s["value"])
-            for s in settings.values()
-            if s.get("in") == "header" and s.get("value")
-        }
-
-    def renew(self) -> None:
-        # The refresh hook renews only a token whose expiry passed; after a 401 run the whole
-        # loader again (an exec plugin, a token file), whatever the expiry said.
-        self._cfg = self._load()
-
-
-def _official_tls(cfg: Any) -> ssl.SSLContext:
-    """The TLS settings the official loader read, as its own urllib3 client applies them."""
-    if cfg.verify_ssl:
-        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
-    else:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if cfg.cert_file:
-        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-    return ctx

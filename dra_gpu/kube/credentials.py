@@ -1,15 +1,20 @@
-"""Credentials for the API server: in-cluster service account, or a kubeconfig file.
+"""Credentials for the API server, all of them: the in-cluster service account, a kubeconfig
+file, and what the official client's loader reads for the kubeconfigs we do not. The one module
+that reads tokens, certificates, kubeconfigs and exec plugins; :func:`load` is what
+``client.connect`` asks, and nothing else in the driver reads credentials.
 
 Why not only the official client's loaders: importing them pulls in the whole generated client
 (~0.3 s and ~18 MiB), a large share of a node plugin's start-up time and memory. The cases the
 plugin and the controller meet (a pod's service account; a kubeconfig with certificates or a
 token) are read here with the standard library and yaml. A kubeconfig that needs anything else
-(exec plugins, auth providers, basic auth, a proxy, plain http, tls-server-name) is left to the
-official loader (``Unsupported``), as is a ``$KUBECONFIG`` that lists several files to merge.
+(exec plugins, auth providers, basic auth, a proxy, plain http, tls-server-name) is read by the
+official loader (:func:`from_official_loader`, imported only then), as is a ``$KUBECONFIG`` that
+lists several files to merge.
 
 A service account token is re-read from its file when it is older than a minute, because bound
 tokens are rotated by the kubelet while the process runs, and at once when the API server
-answered 401 (:meth:`Auth.renew`: the client then sends the request once more). Inline
+answered 401 (:meth:`Auth.renew`: the client then sends the request once more; for the official
+loader's credentials, the whole kubeconfig is loaded again, running an exec plugin anew). Inline
 certificate data is written to a private temporary file only for as long as ``ssl`` needs to
 load it.
 """
@@ -24,7 +29,7 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,9 +56,12 @@ class Auth(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Credentials:
-    host: str
-    ssl_context: ssl.SSLContext
+    host: str  # https://host[:port], or http:// (only from the official loader)
+    ssl_context: ssl.SSLContext | None  # None for plain http
     auth: Auth
+    server_hostname: str | None = None  # the kubeconfig's tls-server-name
+    proxy: str | None = None  # the kubeconfig's proxy-url (wins over the environment's)
+    proxy_headers: Mapping[str, str] | None = None
 
 
 class StaticToken:
@@ -199,3 +207,99 @@ def _token(user: Mapping[str, Any], base: Path) -> Auth:
     if user.get("tokenFile"):
         return _FileToken(base / str(user["tokenFile"]))
     return StaticToken(str(user.get("token") or ""))
+
+
+def load(kubeconfig: Path | None, *, kubectl_default: bool = False) -> Credentials:
+    """The credentials from a kubeconfig file, or of the in-cluster service account when None.
+
+    With ``kubectl_default``, a process outside a cluster falls back to the kubeconfig kubectl
+    would read (``$KUBECONFIG``, else ``~/.kube/config``). A kubeconfig :func:`from_kubeconfig`
+    leaves ``Unsupported`` goes to :func:`from_official_loader`. Raises ``CredentialsError``,
+    whose message names the file or variable.
+    """
+    if kubeconfig is None:
+        try:
+            return in_cluster()
+        except CredentialsError as err:
+            if not kubectl_default:
+                raise
+            kubeconfig = default_kubeconfig()
+            if kubeconfig is None:  # several files to merge: the official loader's job
+                return from_official_loader(None)
+            if not kubeconfig.exists():
+                raise CredentialsError(f"{err}; and no {kubeconfig}") from err
+    try:
+        return from_kubeconfig(kubeconfig)
+    except Unsupported:
+        return from_official_loader(kubeconfig)
+
+
+def from_official_loader(kubeconfig: Path | None) -> Credentials:
+    """What the official client's loader reads from ``kubeconfig`` (None: ``$KUBECONFIG``, its
+    files merged): exec plugins, auth providers, proxy-url, tls-server-name, plain http.
+    Raises ``CredentialsError``."""
+    from kubernetes import client as kclient  # heavy: only for exotic kubeconfigs
+    from kubernetes import config as kconfig
+
+    source = str(kubeconfig) if kubeconfig is not None else "$KUBECONFIG"
+
+    def load() -> Any:
+        cfg = kclient.Configuration()
+        try:
+            kconfig.load_kube_config(
+                config_file=str(kubeconfig) if kubeconfig is not None else None,
+                client_configuration=cfg,
+            )
+        except Exception as err:  # the loader raises assorted types for one cause: bad config
+            raise CredentialsError(f"cannot load credentials from {source}: {err}") from err
+        return cfg
+
+    cfg = load()
+    host = str(cfg.host)
+    try:
+        tls = _official_tls(cfg) if host.startswith("https://") else None
+    except OSError as err:  # ssl.SSLError is an OSError
+        raise CredentialsError(f"cannot use the server settings from {source}: {err}") from err
+    return Credentials(
+        host,
+        tls,
+        _OfficialAuth(cfg, load),
+        server_hostname=cfg.tls_server_name or None,
+        proxy=str(cfg.proxy) if cfg.proxy else None,
+        proxy_headers=cfg.proxy_headers,
+    )
+
+
+class _OfficialAuth:
+    """The credentials the official loader read; :meth:`renew` loads the kubeconfig again."""
+
+    def __init__(self, cfg: Any, load: Callable[[], Any]) -> None:
+        self._cfg = cfg  # replaced whole by renew; requests read whichever is current
+        self._load = load
+
+    def headers(self) -> dict[str, str]:
+        # auth_settings() runs the loader's refresh hook, so expiring tokens are picked up.
+        settings: Any = self._cfg.auth_settings()
+        return {
+            str(s["key"]): str(s["value"])
+            for s in settings.values()
+            if s.get("in") == "header" and s.get("value")
+        }
+
+    def renew(self) -> None:
+        # The refresh hook renews only a token whose expiry passed; after a 401 run the whole
+        # loader again (an exec plugin, a token file), whatever the expiry said.
+        self._cfg = self._load()
+
+
+def _official_tls(cfg: Any) -> ssl.SSLContext:
+    """The TLS settings the official loader read, as its own urllib3 client applies them."""
+    if cfg.verify_ssl:
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+    else:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cfg.cert_file:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    return ctx
