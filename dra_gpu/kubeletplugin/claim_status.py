@@ -29,7 +29,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -146,6 +145,11 @@ class ClaimStatusWriter:
     is not, which cancels the write); ``observe(result)``: one call per attempt's result
     (:data:`RESULTS`), for the metric; ``forbidden_hint``: the permission the server checks (it
     depends on the version), named when it refuses.
+
+    The call threads hand claims over in a dict under a plain lock and wake the writer only when
+    it has nothing due: a wake-up per claim (a queue's) cost a thread switch and a GIL hand-over
+    per prepare and per unprepare, a tenth of the calls' GIL time (py-spy --gil through
+    bench/reference.py's cycles).
     """
 
     def __init__(
@@ -168,16 +172,19 @@ class ClaimStatusWriter:
         self._field_manager = f"{driver}/kubelet-plugin"
         self._first_backoff_s, self._settle_s = first_backoff_s, settle_s
         self._size = queue_size
-        # (claim, still prepared?) from the call threads; None stops the thread.
-        self._submitted: queue.Queue[tuple[ClaimRef, bool] | None] = queue.Queue(maxsize=queue_size)
-        self._seq = itertools.count()
-        # Set by the worker thread only (read by the call threads: a stale read costs one item).
+        # Guarded by _lock, shared with the call threads: claims prepared and when their write
+        # is due (a repeat keeps the first); claims unprepared since the writer last looked;
+        # whether to stop.
+        self._lock = threading.Lock()
+        self._due: dict[ClaimUID, tuple[float, ClaimRef]] = {}
+        self._gone: set[ClaimUID] = set()
+        self._stopping = False
+        self._wake = threading.Event()  # set when the writer may sleep past something new
+        # Set by the worker thread only (read by the call threads: a stale read costs one claim).
         self._off = False
-        # The worker thread's only: claim UID -> the entries last applied; -> the sequence
-        # number of its one live item in the heap (an item whose number is not there is stale:
-        # its claim was unprepared, or written, since).
+        # The worker thread's only: claim UID -> the entries last applied.
         self._applied: dict[ClaimUID, Sequence[AllocatedDeviceStatus]] = {}
-        self._live: dict[ClaimUID, int] = {}
+        self._seq = itertools.count()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -188,10 +195,9 @@ class ClaimStatusWriter:
         """Stop the thread; pending writes are dropped (the next prepare answer submits again)."""
         if self._thread is None:
             return
-        try:
-            self._submitted.put(None, timeout=timeout_s)
-        except queue.Full:
-            log.warning("device status: queue full at stop; pending writes dropped")
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
         self._thread.join(timeout=timeout_s)
         self._thread = None
 
@@ -213,58 +219,67 @@ class ClaimStatusWriter:
     ) -> None:
         if self._off:
             return
-        for ref in refs:
-            if not errors.get(ref.uid):
-                self._put((ref, False))
+        with self._lock:
+            for ref in refs:
+                if not errors.get(ref.uid):
+                    self._due.pop(ref.uid, None)  # never written, if it was not yet
+                    self._gone.add(ref.uid)  # a later prepare writes again
 
     def submit(self, ref: ClaimRef) -> None:
-        if not self._off:
-            self._put((ref, True))
-
-    def _put(self, item: tuple[ClaimRef, bool]) -> None:
-        try:
-            self._submitted.put_nowait(item)
-        except queue.Full:
-            log.warning("device status of %s not written: %d writes pending", item[0], self._size)
+        if self._off:
+            return
+        with self._lock:
+            if ref.uid in self._due:
+                return  # repeats within the settle time: one write
+            if len(self._due) >= self._size:
+                full = True
+            else:
+                full = False
+                first = not self._due
+                self._due[ref.uid] = (time.monotonic() + self._settle_s, ref)
+        if full:
+            log.warning("device status of %s not written: %d writes pending", ref, self._size)
             self._observe(DROPPED)
+        elif first:  # the writer sleeps without a deadline only when nothing was due
+            self._wake.set()
 
     # --- the worker thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        due: list[_Due] = []  # writes and retries, soonest first; this thread's only
+        retries: list[_Due] = []  # soonest first; this thread's only
         while True:
-            wait = max(0.0, due[0].at - time.monotonic()) if due else None
-            try:
-                got = self._submitted.get(timeout=wait)
-            except queue.Empty:
-                item = heapq.heappop(due)
-                if self._live.get(item.ref.uid) != item.seq:
-                    continue  # unprepared before it was due: nothing to write
-                del self._live[item.ref.uid]
-            else:
-                if got is None:
+            now = time.monotonic()
+            with self._lock:
+                if self._stopping:
                     return
-                ref, prepared = got
-                if not prepared:
-                    self._applied.pop(ref.uid, None)  # a later prepare writes again
-                    self._live.pop(ref.uid, None)
-                elif ref.uid not in self._live:  # repeats within the settle time: one write
-                    self._schedule(due, _Due(time.monotonic() + self._settle_s, 0, ref))
-                continue
-            if self._off:
-                continue
-            again = self._attempt(item)
-            if again is not None:
-                if len(due) >= self._size:
-                    log.warning("device status of %s not written: too many retries", item.ref)
-                    self._observe(DROPPED)
-                elif again.ref.uid not in self._live:
-                    self._schedule(due, again)
-
-    def _schedule(self, due: list[_Due], item: _Due) -> None:
-        item.seq = next(self._seq)
-        self._live[item.ref.uid] = item.seq
-        heapq.heappush(due, item)
+                ready = [ref for at, ref in self._due.values() if at <= now]
+                for ref in ready:
+                    del self._due[ref.uid]
+                gone, self._gone = self._gone, set()
+                soonest = min((at for at, _ in self._due.values()), default=None)
+                self._wake.clear()  # under the lock: a submit after this sets it again
+            for uid in gone:
+                self._applied.pop(uid, None)
+            retries = [r for r in retries if r.ref.uid not in gone]
+            heapq.heapify(retries)
+            while retries and retries[0].at <= now:
+                ready.append(heapq.heappop(retries).ref)
+            for ref in ready:
+                if self._off:
+                    break
+                again = self._attempt(_Due(now, next(self._seq), ref))
+                if again is not None:
+                    if len(retries) >= self._size:
+                        log.warning("device status of %s not written: too many retries", ref)
+                        self._observe(DROPPED)
+                    else:
+                        again.seq = next(self._seq)
+                        heapq.heappush(retries, again)
+            if ready:
+                continue  # time has passed: look again before sleeping
+            deadlines = [t for t in (soonest, retries[0].at if retries else None) if t is not None]
+            wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            self._wake.wait(wait)
 
     def _attempt(self, item: _Due) -> _Due | None:
         """One write; the item to retry, or None when done (written, unchanged or dropped)."""

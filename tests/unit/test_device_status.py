@@ -369,7 +369,9 @@ def test_a_full_queue_drops_without_blocking(
 ) -> None:
     w = writer_for(FakeClient(api_claim()), results, record, queue_size=1)  # not started
     w.submit(REF)
-    w.submit(REF)
+    w.submit(REF)  # a repeat of a claim waiting: nothing more to keep
+    assert results.empty()
+    w.submit(ClaimRef(uid=ClaimUID("uid-2"), namespace="ns", name="other"))
     assert results.get_nowait() == "dropped"
 
 
