@@ -6,9 +6,12 @@ the generated ``*_pb2_grpc`` modules are not needed to serve them.
 
 Every server gets the same protection against a client that misbehaves (the sockets are the
 kubelet's, owner-only, but a stuck or buggy client must not take the plugin down with it):
-- at most ``Limits.concurrent_rpcs`` calls at once, each with a thread of its own at once; a
-  call beyond them is refused with RESOURCE_EXHAUSTED instead of waiting in a queue without end
-  behind calls that may never finish (a health stream lasts as long as its client);
+- at most ``Limits.concurrent_rpcs`` calls at once; a call beyond them is refused with
+  RESOURCE_EXHAUSTED instead of waiting in a queue without end. They run on at most
+  ``Limits.workers`` threads (calls beyond wait for one: every handler returns, except a
+  stream), and at most ``Limits.streams`` of those threads serve streams (a health stream lasts
+  as long as its client): a stream beyond is refused with RESOURCE_EXHAUSTED, so streams can
+  never hold every thread;
 - at most ``Limits.streams_per_connection`` calls open on one connection, so one client cannot
   take every slot (its further calls wait on its own side, as HTTP/2 says);
 - message size limits both ways, and a keepalive policy that closes a connection that pings
@@ -22,6 +25,7 @@ nothing, sends garbage or never reads, and honours the caller's deadline (``grpc
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterable, Iterator
 from concurrent import futures
 from typing import Any
@@ -55,8 +59,12 @@ MAX_HEADER_BYTES = 16 << 10
 class Limits:
     """How much of the plugin one server's clients may use at once."""
 
-    concurrent_rpcs: int  # calls in progress (also the worker threads, started when needed)
+    concurrent_rpcs: int  # calls in progress or waiting for a thread
     streams_per_connection: int  # calls one connection may have open
+    # Threads serving calls, started when needed (None: one per call in progress), and how many
+    # of them may serve streams at once (None: all of them).
+    workers: int | None = None
+    streams: int | None = None
 
     def server_options(self) -> list[tuple[str, int]]:
         return [
@@ -99,8 +107,9 @@ class GrpcioServer:
         name: str = "rpc",
     ) -> None:
         pool = futures.ThreadPoolExecutor(
-            max_workers=limits.concurrent_rpcs, thread_name_prefix=name
+            max_workers=limits.workers or limits.concurrent_rpcs, thread_name_prefix=name
         )
+        slots = threading.BoundedSemaphore(limits.streams) if limits.streams else None
         self._server = grpc.server(
             pool,
             options=limits.server_options(),
@@ -108,7 +117,7 @@ class GrpcioServer:
         )
         services: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
         for method in methods:
-            services.setdefault(method.service, {})[method.name] = _handler(method)
+            services.setdefault(method.service, {})[method.name] = _handler(method, slots)
         self._server.add_generic_rpc_handlers(
             tuple(grpc.method_handlers_generic_handler(s, h) for s, h in services.items())
         )
@@ -126,14 +135,23 @@ class GrpcioServer:
         self._server.stop(grace=grace).wait()
 
 
-def _handler(method: Method) -> grpc.RpcMethodHandler[Any, Any]:
+def _handler(
+    method: Method, slots: threading.BoundedSemaphore | None
+) -> grpc.RpcMethodHandler[Any, Any]:
     if method.streaming:
 
         def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            if slots is not None and not slots.acquire(blocking=False):
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, "too many streams open on this socket"
+                )
             try:
                 yield from method.handle(request, context)
             except Abort as err:
                 context.abort(grpc.StatusCode[err.code.name], err.message)
+            finally:
+                if slots is not None:
+                    slots.release()
 
         return grpc.unary_stream_rpc_method_handler(
             stream, request_deserializer=method.parse, response_serializer=method.serialize

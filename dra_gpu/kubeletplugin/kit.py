@@ -73,9 +73,14 @@ DRA_GRACE_S = 10.0
 # MIG devices) sends that many calls at once on its one connection, possibly before it has read
 # the server's stream limit: a lower per-connection limit refused such a burst (REFUSED_STREAM,
 # seen with 64 prepares at once), so one connection may open 64. Beyond 128 in all a call is
-# refused at once (RESOURCE_EXHAUSTED) and the kubelet retries the pod; threads are started only
-# as calls need them.
-DRA_LIMITS = grpcio_server.Limits(concurrent_rpcs=128, streams_per_connection=64)
+# refused at once (RESOURCE_EXHAUSTED) and the kubelet retries the pod. The calls run on 16
+# threads: their Python runs under one GIL, so more threads bought no throughput (64 prepares at
+# once, 128 against 16 threads: 178 and 237 claims/s, medians of 6 bursts) but kept 62 threads'
+# memory after a burst (+10.6 MiB RSS against +5.4 with 16); a health stream holds its thread,
+# so at most 4 streams are served at once (the kubelet opens one).
+DRA_LIMITS = grpcio_server.Limits(
+    concurrent_rpcs=128, streams_per_connection=64, workers=16, streams=4
+)
 # The registration socket: the kubelet's GetInfo and NotifyRegistrationStatus, one at a time,
 # and the /healthz probe.
 REGISTRATION_LIMITS = grpcio_server.Limits(concurrent_rpcs=4, streams_per_connection=4)

@@ -503,3 +503,37 @@ def test_a_socket_that_never_answers_fails_the_probe_within_its_deadline(
     finally:
         probes.close()
         hung.close()
+
+
+def test_streams_cannot_hold_every_thread_and_calls_beyond_the_threads_wait(
+    tmp_path: Path, handlers: Handlers
+) -> None:
+    # Two threads, one of which may serve a stream: a second stream is refused, and the calls
+    # beyond the one thread left wait for it instead of being refused (the slots are not full).
+    limits = grpcio_server.Limits(concurrent_rpcs=8, streams_per_connection=8, workers=2, streams=1)
+    path = tmp_path / "rpc.sock"
+    server = grpcio_server.GrpcioServer(
+        handlers.methods(), health=grpcio_server.health_servicer(), limits=limits
+    )
+    server.add_address(f"unix:{path}")
+    server.start()
+    try:
+        with own_channel(path) as ch:
+            ticks = ch.unary_stream(
+                "/test.Svc/Ticks", request_serializer=None, response_deserializer=None
+            )
+            first = ticks(b"", timeout=TIMEOUT_S)
+            assert next(first) == b"tick 0"
+            with pytest.raises(grpc.RpcError) as refused:
+                next(ticks(b"", timeout=TIMEOUT_S))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "too many streams" in (refused.value.details() or "")
+            waiting = [unary(ch, "Blocked").future(b"%d" % i, timeout=TIMEOUT_S) for i in range(3)]
+            assert handlers.wait_entered(1)  # one thread for three calls: they take turns
+            handlers.release.set()
+            assert sorted(f.result() for f in waiting) == [b"released %d" % i for i in range(3)]
+            first.cancel()
+            assert handlers.stream_closed.wait(TIMEOUT_S)
+    finally:
+        handlers.release.set()
+        server.stop(grace=0)
