@@ -7,6 +7,8 @@
 #   bash e2e/gpu/remote.sh keep         keep the parts this call carried (in .gpu-stage/), stop
 #   bash e2e/gpu/remote.sh run [ARGS]   keep them, check all are there, unpack, run the demo
 #                                       (ARGS go to python -m e2e.gpu.demo)
+#   bash e2e/gpu/remote.sh bench [ARGS] the same, then bench/reference.py instead of the demo
+#                                       (parts staged with `python -m e2e.gpu.stage --bench`)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 stage=${DRA_GPU_STAGE_DIR:-/var/tmp/dra-gpu-stage}
@@ -41,4 +43,7 @@ if ! ldconfig -p | grep -q 'libseccomp\.so\.2 '; then
 fi
 export DRA_GPU_CACHE="$root/cache" DRA_GPU_CNI_BIN_DIR="$root/cni"
 export PYTHONPATH="$PWD:$root/py"
+if [ "$mode" = bench ]; then
+    exec python3 bench/reference.py "$@"
+fi
 exec python3 -m e2e.gpu.demo --out "${OUT:-/tmp}/gpu-demo.json" "$@"

@@ -1,7 +1,7 @@
 """Pack what a GPU machine without Go, apt or network needs to run the GPU node demo.
 
-``python -m e2e.gpu.stage [--out .gpu-stage] [--part-mib 56]`` (on a machine that has built the
-harness's binaries, e.g. after ``make test`` or ``make demo``):
+``python -m e2e.gpu.stage [--out .gpu-stage] [--part-mib 56] [--bench]`` (on a machine that has
+built the harness's binaries, e.g. after ``make test`` or ``make demo``):
 
 - the cache entries a real node and the control plane use (Kubernetes binaries, etcd,
   containerd + ctr + shim, runc), in the cache's own layout, so the harness on the GPU machine
@@ -17,6 +17,10 @@ One xz-compressed tar, cut into parts of at most ``--part-mib`` MiB (the GPU mac
 knows when it holds all of them and that none was cut short, and of ``requirements.lock``, so that
 parts staged for other dependencies are refused. ``e2e/gpu/remote.sh`` is the far
 side. Binaries are stripped already (``-s -w``); xz roughly quarters them.
+
+``--bench``: only what ``bench/reference.py`` needs there (the control plane, the Go example
+driver built by ``bench/reference.py`` here, the wheels), for ``remote.sh bench``: the
+side-by-side comparison on a GPU node's cores.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ from e2e.node import binaries as node_binaries
 
 REPO = Path(__file__).resolve().parents[2]
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
+# Where bench/reference.py builds the Go example driver in the cache (its module's version).
+REFERENCE_DIR = "dra-example-driver"
+REFERENCE_BINARY = "dra-example-kubeletplugin"
 SECCOMP = Path("/usr/lib/x86_64-linux-gnu/libseccomp.so.2")
 
 
@@ -61,6 +68,19 @@ def cache_items() -> list[Item]:
     # runc links libseccomp; remote.sh puts this copy on the path where the host lacks one.
     items.append(Item(SECCOMP, "lib/libseccomp.so.2"))
     return items
+
+
+def bench_items() -> list[Item]:
+    """The control plane and the Go example driver (built here by ``bench/reference.py``)."""
+    built = binaries.ensure(binaries.CONTROL_PLANE)
+    root = binaries.cache_root()
+    references = sorted(root.glob(f"{REFERENCE_DIR}-*/{REFERENCE_BINARY}"))
+    if not references:
+        raise SystemExit(
+            f"no {REFERENCE_BINARY} in {root}: run `python bench/reference.py` here once first"
+        )
+    paths = [*built.values(), references[-1]]
+    return [Item(p, f"cache/{p.relative_to(root).as_posix()}") for p in paths]
 
 
 def download_wheels(dest: Path, *, python_version: str) -> list[Item]:
@@ -113,9 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / ".gpu-stage")
     parser.add_argument("--part-mib", type=int, default=56)
     parser.add_argument("--python-version", default="3.12")
+    parser.add_argument(
+        "--bench", action="store_true", help="only what bench/reference.py needs (remote.sh bench)"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        items = cache_items() + download_wheels(Path(tmp), python_version=args.python_version)
+        wanted = bench_items() if args.bench else cache_items()
+        items = wanted + download_wheels(Path(tmp), python_version=args.python_version)
         parts = write_parts(items, args.out, part_bytes=args.part_mib << 20)
     total = sum(p.stat().st_size for p in parts)
     print(f"{len(items)} files in {len(parts)} part(s), {total / 2**20:.1f} MiB in {args.out}")
