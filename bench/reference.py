@@ -177,7 +177,12 @@ def running(
     time.sleep(0.3)  # let the watch connect before the clock starts
     log_path = root / f"{subject.node}.log"
     started = time.monotonic()
-    proc = procs.spawn(argv, log_path=log_path, env={"PATH": "/usr/bin:/bin"})
+    # A bare environment, as both plugins would have in a pod; PYTHONPATH stays where it
+    # carries the dependencies (a staged GPU machine: e2e/gpu/remote.sh bench).
+    env = {"PATH": "/usr/bin:/bin"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    proc = procs.spawn(argv, log_path=log_path, env=env)
     try:
         deadline = started + WAIT_S
         seen = None
