@@ -184,7 +184,9 @@ def encode(checkpoint: Checkpoint) -> bytes:
         current = checkpoint.model_copy(
             update={"version": SCHEMA_VERSION, "compatible_version": COMPATIBLE_VERSION}
         )
-    return (current.model_dump_json(indent=1) + "\n").encode()
+    # Compact: every commit encodes every claim's record, and indenting took 2.4 times as long
+    # (0.40 against 0.16 ms for 64 claims); ``jq . checkpoint.json`` shows it indented.
+    return (current.model_dump_json() + "\n").encode()
 
 
 def decode(data: bytes) -> Checkpoint:
@@ -280,6 +282,9 @@ class CheckpointStore:
     _leader: bool = field(default=False, init=False)
     _cache: _Cache | None = field(default=None, init=False)
     _token: int | None = field(default=None, init=False)  # see _token_fd
+    # The token of this process's commit in flight (set and cleared by the leader, under the
+    # file lock); None between commits.
+    _committing: bytes | None = field(default=None, init=False)
     # Files written since start, (all, fsynced): read by /metrics at scrape time. Only the
     # leader writes (one at a time), so plain integers are enough.
     writes: tuple[int, int] = field(default=(0, 0), init=False)
@@ -342,7 +347,11 @@ class CheckpointStore:
         """
         stamp = self._stamp()
         cache = self._cache
-        if cache is not None and cache.stamp == stamp:
+        if cache is not None and (cache.stamp == stamp or stamp[0] == self._committing):
+            # Unchanged; or changed by this process's commit in flight, which holds the file
+            # lock and refreshed the copy under it: the copy is the state just before that
+            # commit, as a read a moment earlier would have returned (parsing the file here
+            # instead was a tenth of a burst's GIL time, py-spy --gil on a 16-core node).
             return cache.checkpoint
         if stamp[1] is None:
             checkpoint = Checkpoint()
@@ -389,12 +398,20 @@ class CheckpointStore:
         """Replace the file with ``checkpoint`` (its generation above the file's); needs the
         lock. ``durable``: on disk when this returns (fsynced file and directory)."""
         data = encode(checkpoint)
-        os.pwrite(lock_fd, os.urandom(TOKEN_BYTES // 2).hex().encode(), 0)  # as _commit does
+        os.pwrite(lock_fd, self._new_token(), 0)  # as _commit does
         atomicfile.write_atomic(self.path, data, durable=durable)
         self._written(checkpoint, durable)
 
+    def _new_token(self) -> bytes:
+        """A fresh write token, marked as this process's commit in flight until
+        :meth:`_written` (see :meth:`_read`)."""
+        token = os.urandom(TOKEN_BYTES // 2).hex().encode()
+        self._committing = token
+        return token
+
     def _written(self, checkpoint: Checkpoint, durable: bool) -> None:
         self._cache = _Cache(checkpoint, self._stamp())
+        self._committing = None  # after the copy: a reader meanwhile gets the one before
         self.writes = (self.writes[0] + 1, self.writes[1] + durable)
 
     def remove_temp_files(self) -> int:
@@ -468,7 +485,7 @@ class CheckpointStore:
                     durable = any(item.durable for item in applied)
                     data = encode(checkpoint)
                     # Token before file: a crash in between only makes readers re-read.
-                    os.pwrite(fd, os.urandom(TOKEN_BYTES // 2).hex().encode(), 0)
+                    os.pwrite(fd, self._new_token(), 0)
                     atomicfile.write_atomic(self.path, data, durable=durable)
                     self._written(checkpoint, durable)
         except BaseException as exc:
