@@ -12,13 +12,33 @@ directory after it. Callers skip that only for files that are rebuilt after a re
 
 ``locked`` holds an exclusive ``flock`` on a lock file, the one way the plugin serializes with
 another instance of itself (checkpoint commits, DRA calls during a rolling update). The lock
-belongs to the open file description and each call opens the file anew, so it also serializes
-threads of one process. Every wait for it is bounded (``timeout_s``, chosen by each caller for
-what its holders do): ``flock`` itself has no timeout, so the lock is tried without blocking,
-with short sleeps in between, on the caller's own thread. A wait that runs out raises
-:class:`LockTimeout` naming the file and its holder as ``/proc/locks`` shows it: a process whose
-holder never lets go (a hung disk, a stopped process) fails the caller's work with a message
-that says whom to look at, instead of hanging it.
+belongs to the open file description and each call opens the file anew. It is meant for the
+other process: the threads of one process coordinate in memory before they get here (the
+checkpoint's condition, the MIG ledger's lock, ``call_lock``'s owner thread). Two threads of one
+process on one file would still be kept apart, each waiting as another process would.
+
+Every wait is bounded (``timeout_s``, chosen by each caller for what its holders do) and wakes
+when the lock is freed, not after a sleep. ``flock`` has no timeout and a thread blocked in it
+cannot be interrupted, so the lock is first tried without blocking on the caller's thread; only
+when it is taken does a thread of its own (:class:`_Taker`) block in ``flock`` while the caller
+waits for it on a condition with its bound. Which thread takes and releases each lock:
+
+- free at the first try: the caller's thread takes it, and releases it (closes the file) when
+  its block ends;
+- taken: the taker thread takes it when it is freed, holds it for the caller's block, then
+  releases it itself; the caller only signals the end of its block and waits for the release;
+- the caller's wait ran out: the caller raises :class:`LockTimeout`, naming the file and its
+  holder as ``/proc/locks`` shows it (a hung disk, a stopped process: the message says whom to
+  look at), and the taker thread, still blocked, releases the lock itself as soon as it gets it;
+- :func:`acquire` (an fd for the caller to close, kept for callers that hold a lock beyond one
+  block) is the exception: a taker thread that took the lock in time hands the fd over and ends,
+  and the caller's ``close`` releases it. The lock is the open file description's, not a
+  thread's, and the description is the caller's from then on.
+
+A *turnstile* (``locked(..., turnstile=...)``, :func:`take`, :func:`waited_for`) is a second lock
+file that a waiter holds while it waits for the lock and releases once it has it. Holders that
+let more work in under a lock they already hold (``call_lock.NodeCallLock``) look at it first:
+held means the other process waits, and they stop letting work in until it has had its turn.
 """
 
 from __future__ import annotations
@@ -26,18 +46,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 from dra_gpu.errors import InternalError
 
-# The first sleep between two tries of a taken lock, doubled up to the last: a commit holds the
-# checkpoint's lock for about a millisecond, so the first tries come soon; a holder that keeps
-# it longer costs a try every few milliseconds, not a busy loop.
-FIRST_PAUSE_S: Final = 0.0005
-LAST_PAUSE_S: Final = 0.01
 PROC_LOCKS: Final = "/proc/locks"
 
 
@@ -124,37 +139,157 @@ def remove(path: Path) -> bool:
     return True
 
 
+def open_lock(path: Path | str) -> int:
+    """An fd of the lock file ``path`` (created, with its directory, if missing)."""
+    return open_creating_dir(path, os.O_RDWR | os.O_CLOEXEC, 0o600)
+
+
+def take(fd: int, turnstile_fd: int | None = None) -> None:
+    """Block until ``fd`` holds its file's lock, holding the turnstile meanwhile if one is given
+    (it is released again before this returns). Blocks without a bound: only for threads whose
+    callers wait for them with one (:class:`_Taker`, ``call_lock``'s owner thread)."""
+    if turnstile_fd is not None:
+        fcntl.flock(turnstile_fd, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        if turnstile_fd is not None:
+            fcntl.flock(turnstile_fd, fcntl.LOCK_UN)
+
+
+def try_take(fd: int, turnstile_fd: int | None = None) -> bool:
+    """Take ``fd``'s lock if that needs no wait; with a turnstile, only if nobody waits on it
+    either (a free lock is not taken from under a waiter that is about to get it)."""
+    if turnstile_fd is not None and not _try(turnstile_fd):
+        return False
+    try:
+        return _try(fd)
+    finally:
+        if turnstile_fd is not None:
+            fcntl.flock(turnstile_fd, fcntl.LOCK_UN)
+
+
+def waited_for(turnstile_fd: int) -> bool:
+    """Whether another open file description holds the turnstile, i.e. waits for its lock.
+    Takes it for a moment when it is free, so ``turnstile_fd`` must not hold it already."""
+    if not _try(turnstile_fd):
+        return True
+    fcntl.flock(turnstile_fd, fcntl.LOCK_UN)
+    return False
+
+
+def _try(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 def acquire(path: Path, *, timeout_s: float) -> int:
     """An fd holding the exclusive lock on ``path`` (created, with its directory, if missing);
-    closing it releases the lock. Raises :class:`LockTimeout` after ``timeout_s``."""
-    fd = open_creating_dir(path, os.O_RDWR | os.O_CLOEXEC, 0o600)
+    closing it releases the lock. Raises :class:`LockTimeout` after ``timeout_s``. Prefer
+    :func:`locked`: here a lock that was waited for is released by another thread than the one
+    that took it (see the module docstring)."""
+    fd = open_lock(path)
     try:
-        deadline = time.monotonic() + timeout_s
-        pause = FIRST_PAUSE_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                pass
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise timed_out(path, timeout_s)
-            time.sleep(min(pause, left))
-            pause = min(2 * pause, LAST_PAUSE_S)
+        if try_take(fd):
+            return fd
     except BaseException:
         os.close(fd)
         raise
+    if not _Taker(fd, None, hand_over=True).wait(timeout_s):
+        raise timed_out(path, timeout_s)
+    return fd
 
 
 @contextlib.contextmanager
-def locked(path: Path, *, timeout_s: float) -> Iterator[int]:
-    """Hold the exclusive lock on ``path`` for the block (see :func:`acquire`); yields its fd."""
-    fd = acquire(path, timeout_s=timeout_s)
+def locked(path: Path, *, timeout_s: float, turnstile: Path | None = None) -> Iterator[int]:
+    """Hold the exclusive lock on ``path`` for the block; yields an fd of the lock file (to
+    read and write it, not to close). Raises :class:`LockTimeout` after ``timeout_s``. With
+    ``turnstile``, it is held while waiting (see the module docstring)."""
+    fd = open_lock(path)
+    try:
+        turnstile_fd = None if turnstile is None else open_lock(turnstile)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        taken = try_take(fd, turnstile_fd)
+    except BaseException:
+        _close(fd, turnstile_fd)
+        raise
+    if taken:
+        try:
+            yield fd
+        finally:
+            _close(fd, turnstile_fd)  # closing releases the lock
+        return
+    taker = _Taker(fd, turnstile_fd, hand_over=False)  # the files are the taker's from here
+    if not taker.wait(timeout_s):
+        raise timed_out(path, timeout_s)
     try:
         yield fd
     finally:
-        os.close(fd)  # closing releases the lock
+        taker.release()
+
+
+def _close(fd: int, turnstile_fd: int | None) -> None:
+    os.close(fd)
+    if turnstile_fd is not None:
+        os.close(turnstile_fd)
+
+
+class _Taker(threading.Thread):
+    """Waits in a blocking ``flock`` for a caller that waits with a bound (see the module
+    docstring): takes the lock, then holds it until the caller's block ends or the caller gave
+    up, releases it and closes the files; or, with ``hand_over``, leaves the fd, and the lock,
+    to a caller still waiting."""
+
+    def __init__(self, fd: int, turnstile_fd: int | None, *, hand_over: bool) -> None:
+        assert not (hand_over and turnstile_fd is not None), "acquire has no turnstile"
+        super().__init__(name="flock-taker", daemon=True)
+        self._fd, self._turnstile_fd, self._hand_over = fd, turnstile_fd, hand_over
+        self._cond = threading.Condition()
+        self._taken = self._abandoned = self._done = False
+        self._error: OSError | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            take(self._fd, self._turnstile_fd)
+        except OSError as exc:
+            error: OSError | None = exc
+        else:
+            error = None
+        with self._cond:
+            self._taken, self._error = error is None, error
+            self._cond.notify_all()
+            if self._hand_over and self._taken and not self._abandoned:
+                return  # the caller has the fd, and the lock with it (no turnstile here)
+            self._cond.wait_for(lambda: self._abandoned or self._done)
+        _close(self._fd, self._turnstile_fd)  # closing releases the lock
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether the lock was taken within ``timeout_s``; if not, it is given up (the thread
+        releases it when it gets it). Raises the ``flock``'s error if it failed."""
+        with self._cond:
+            try:
+                self._cond.wait_for(lambda: self._taken or self._error is not None, timeout_s)
+            finally:
+                if not self._taken:
+                    self._abandoned = True
+                    self._cond.notify_all()
+            if self._error is not None:
+                raise OSError(self._error.errno, self._error.strerror) from self._error
+            return self._taken
+
+    def release(self) -> None:
+        """The caller's block ended: the thread releases the lock; returns once it has."""
+        with self._cond:
+            self._done = True
+            self._cond.notify_all()
+        self.join()
 
 
 def timed_out(path: Path | str, timeout_s: float) -> LockTimeout:
