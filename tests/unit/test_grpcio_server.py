@@ -523,9 +523,9 @@ def test_streams_cannot_hold_every_thread_and_calls_beyond_the_threads_wait(
                 "/test.Svc/Ticks", request_serializer=None, response_deserializer=None
             )
             first = ticks(b"", timeout=TIMEOUT_S)
-            assert next(first) == b"tick 0"
+            assert next(iter(first)) == b"tick 0"
             with pytest.raises(grpc.RpcError) as refused:
-                next(ticks(b"", timeout=TIMEOUT_S))
+                next(iter(ticks(b"", timeout=TIMEOUT_S)))
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "too many streams" in (refused.value.details() or "")
             waiting = [unary(ch, "Blocked").future(b"%d" % i, timeout=TIMEOUT_S) for i in range(3)]

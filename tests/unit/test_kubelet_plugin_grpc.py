@@ -58,7 +58,6 @@ from dra_gpu.plugin import inventory, lifecycle, node_plugin, platforms
 from dra_gpu.plugin import main as plugin_main
 from dra_gpu.plugin import settings as plugin_settings
 from dra_gpu.prepare.state import DeviceState
-from e2e import waiting
 
 NODE = "node-a"
 TIMEOUT_S = 10  # bounds a broken server only

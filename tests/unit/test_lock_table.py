@@ -107,6 +107,10 @@ PRIMITIVES: dict[str, str] = {
 HELPERS: dict[str, str] = {
     "dra_gpu.kubeletplugin.atomicfile.acquire": FLOCK,
     "dra_gpu.kubeletplugin.atomicfile.locked": FLOCK,
+    "dra_gpu.kubeletplugin.atomicfile.take": FLOCK,
+    "dra_gpu.kubeletplugin.atomicfile.try_take": FLOCK,
+    "dra_gpu.kubeletplugin.atomicfile.waited_for": FLOCK,
+    "dra_gpu.kubeletplugin.atomicfile._try": FLOCK,
     "dra_gpu.kubeletplugin.call_lock.held": FLOCK,
     "dra_gpu.kubeletplugin.call_lock.NodeCallLock": FLOCK,
     "dra_gpu.controller.command._thread": THREAD,
