@@ -14,6 +14,13 @@ from __future__ import annotations
 
 import builtins
 from typing import Any, Required, TypedDict
+from urllib.parse import quote
+
+
+def claim_path(namespace: str, name: str) -> str:
+    """The API path of a ResourceClaim (its GET; its status subresource below it)."""
+    return f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
+
 
 # --- shared --------------------------------------------------------------------------------
 

@@ -29,11 +29,7 @@ waits for it on a condition with its bound. Which thread takes and releases each
   releases it itself; the caller only signals the end of its block and waits for the release;
 - the caller's wait ran out: the caller raises :class:`LockTimeout`, naming the file and its
   holder as ``/proc/locks`` shows it (a hung disk, a stopped process: the message says whom to
-  look at), and the taker thread, still blocked, releases the lock itself as soon as it gets it;
-- :func:`acquire` (an fd for the caller to close, kept for callers that hold a lock beyond one
-  block) is the exception: a taker thread that took the lock in time hands the fd over and ends,
-  and the caller's ``close`` releases it. The lock is the open file description's, not a
-  thread's, and the description is the caller's from then on.
+  look at), and the taker thread, still blocked, releases the lock itself as soon as it gets it.
 
 A *turnstile* (``locked(..., turnstile=...)``, :func:`take`, :func:`waited_for`) is a second lock
 file that a waiter holds while it waits for the lock and releases once it has it. Holders that
@@ -186,23 +182,6 @@ def _try(fd: int) -> bool:
     return True
 
 
-def acquire(path: Path, *, timeout_s: float) -> int:
-    """An fd holding the exclusive lock on ``path`` (created, with its directory, if missing);
-    closing it releases the lock. Raises :class:`LockTimeout` after ``timeout_s``. Prefer
-    :func:`locked`: here a lock that was waited for is released by another thread than the one
-    that took it (see the module docstring)."""
-    fd = open_lock(path)
-    try:
-        if try_take(fd):
-            return fd
-    except BaseException:
-        os.close(fd)
-        raise
-    if not _Taker(fd, None, hand_over=True).wait(timeout_s):
-        raise timed_out(path, timeout_s)
-    return fd
-
-
 @contextlib.contextmanager
 def locked(path: Path, *, timeout_s: float, turnstile: Path | None = None) -> Iterator[int]:
     """Hold the exclusive lock on ``path`` for the block; yields an fd of the lock file (to
@@ -225,7 +204,7 @@ def locked(path: Path, *, timeout_s: float, turnstile: Path | None = None) -> It
         finally:
             _close(fd, turnstile_fd)  # closing releases the lock
         return
-    taker = _Taker(fd, turnstile_fd, hand_over=False)  # the files are the taker's from here
+    taker = _Taker(fd, turnstile_fd)  # the files are the taker's from here
     if not taker.wait(timeout_s):
         raise timed_out(path, timeout_s)
     try:
@@ -243,13 +222,11 @@ def _close(fd: int, turnstile_fd: int | None) -> None:
 class _Taker(threading.Thread):
     """Waits in a blocking ``flock`` for a caller that waits with a bound (see the module
     docstring): takes the lock, then holds it until the caller's block ends or the caller gave
-    up, releases it and closes the files; or, with ``hand_over``, leaves the fd, and the lock,
-    to a caller still waiting."""
+    up, releases it and closes the files."""
 
-    def __init__(self, fd: int, turnstile_fd: int | None, *, hand_over: bool) -> None:
-        assert not (hand_over and turnstile_fd is not None), "acquire has no turnstile"
+    def __init__(self, fd: int, turnstile_fd: int | None) -> None:
         super().__init__(name="flock-taker", daemon=True)
-        self._fd, self._turnstile_fd, self._hand_over = fd, turnstile_fd, hand_over
+        self._fd, self._turnstile_fd = fd, turnstile_fd
         self._cond = threading.Condition()
         self._taken = self._abandoned = self._done = False
         self._error: OSError | None = None
@@ -265,8 +242,6 @@ class _Taker(threading.Thread):
         with self._cond:
             self._taken, self._error = error is None, error
             self._cond.notify_all()
-            if self._hand_over and self._taken and not self._abandoned:
-                return  # the caller has the fd, and the lock with it (no turnstile here)
             self._cond.wait_for(lambda: self._abandoned or self._done)
         _close(self._fd, self._turnstile_fd)  # closing releases the lock
 

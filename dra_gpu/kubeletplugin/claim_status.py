@@ -34,11 +34,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, cast
-from urllib.parse import quote
 
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import APPLY_PATCH
-from dra_gpu.kube.objects import AllocatedDeviceStatus, ResourceClaim
+from dra_gpu.kube.objects import AllocatedDeviceStatus, ResourceClaim, claim_path
 from dra_gpu.kubeletplugin.driver import ClaimRef, PrepareResult
 from dra_gpu.kubeletplugin.ids import ClaimUID
 
@@ -50,7 +49,6 @@ MAX_BACKOFF_S: Final = 30.0
 # for a pod that fails at once to be unprepared unwritten; short next to a pod's start (seconds).
 SETTLE_S: Final = 0.25
 QUEUE_SIZE: Final = 1024
-CLAIMS_PATH: Final = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 API_VERSION: Final = "resource.k8s.io/v1"
 
 # Results, the label values of the metric (bounded).
@@ -258,10 +256,11 @@ class ClaimStatusWriter:
                 gone, self._gone = self._gone, set()
                 soonest = min((at for at, _ in self._due.values()), default=None)
                 self._wake.clear()  # under the lock: a submit after this sets it again
-            for uid in gone:
-                self._applied.pop(uid, None)
-            retries = [r for r in retries if r.ref.uid not in gone]
-            heapq.heapify(retries)
+            if gone:
+                for uid in gone:
+                    self._applied.pop(uid, None)
+                retries = [r for r in retries if r.ref.uid not in gone]
+                heapq.heapify(retries)
             while retries and retries[0].at <= now:
                 ready.append(heapq.heappop(retries).ref)
             for ref in ready:
@@ -317,7 +316,7 @@ class ClaimStatusWriter:
             raise Dropped("unprepared meanwhile")
         if same_entries(self._applied.get(ref.uid) or [], ours):
             return UNCHANGED
-        path = CLAIMS_PATH.format(namespace=quote(ref.namespace), name=quote(ref.name))
+        path = claim_path(ref.namespace, ref.name)
         try:
             stored = cast(
                 ResourceClaim,

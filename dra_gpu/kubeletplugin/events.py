@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient
+from dra_gpu.kube.objects import claim_path
 from dra_gpu.kubeletplugin.driver import ClaimRef, PrepareResult
 from dra_gpu.kubeletplugin.ids import ClaimUID
 
@@ -178,10 +179,7 @@ class FailureEvents:
 
     def _post_failure(self, ref: ClaimRef, error: str) -> None:
         client = self._poster.client
-        path = (
-            f"/apis/resource.k8s.io/v1/namespaces/{quote(ref.namespace)}/resourceclaims/"
-            f"{quote(ref.name)}"
-        )
+        path = claim_path(ref.namespace, ref.name)
         try:
             claim = client.request("GET", path)
         except errors.ApiError:

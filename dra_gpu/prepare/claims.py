@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import logging
 from typing import cast
-from urllib.parse import quote
 
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient
-from dra_gpu.kube.objects import ResourceClaim
+from dra_gpu.kube.objects import ResourceClaim, claim_path
 from dra_gpu.kubeletplugin import events
 from dra_gpu.prepare.plan import PlanError
 
 log = logging.getLogger(__name__)
-
-CLAIMS_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
 
 class KubeClaimFetcher:
@@ -29,7 +26,7 @@ class KubeClaimFetcher:
         self._client = client
 
     def get_claim(self, *, namespace: str, name: str) -> ResourceClaim | None:
-        path = CLAIMS_PATH.format(namespace=quote(namespace), name=quote(name))
+        path = claim_path(namespace, name)
         try:
             # The API boundary: the server's JSON is taken to be a ResourceClaim, unchecked.
             return cast(ResourceClaim, self._client.request("GET", path))

@@ -361,24 +361,6 @@ def test_a_wait_that_ran_out_leaves_the_release_to_the_taker_thread(
     assert other_instance_can_lock(path)
 
 
-def test_acquire_hands_the_lock_it_waited_for_over_to_the_caller(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoint.lock"
-    with held_by_another_process(path):
-        result: list[int] = []
-        waiter = threading.Thread(
-            target=lambda: result.append(atomicfile.acquire(path, timeout_s=TIMEOUT_S))
-        )
-        waiter.start()
-        waiter.join(0.2)
-        assert waiter.is_alive()
-    waiter.join(TIMEOUT_S)
-    assert not other_instance_can_lock(path)
-    os.close(result[0])
-    assert other_instance_can_lock(path)
-    with held_by_another_process(path), pytest.raises(atomicfile.LockTimeout):
-        atomicfile.acquire(path, timeout_s=0.1)
-
-
 def test_the_node_lock_is_taken_and_released_by_its_owner_thread_only(
     tmp_path: Path, flocks: list[Flock], monkeypatch: pytest.MonkeyPatch
 ) -> None:

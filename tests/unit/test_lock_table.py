@@ -28,7 +28,7 @@ path under ``dra_gpu/`` and where in it, never a line number:
 
 Lock files: each lock FILE is one row of the lock table, naming the places that choose the file
 and take it: calls of ``fcntl.flock``/``fcntl.lockf`` and of the helpers in :data:`HELPERS`
-(``atomicfile.acquire``/``locked``, ``call_lock.held``, ``call_lock.NodeCallLock``). Inside a
+(``atomicfile.locked``, ``call_lock.held``, ``call_lock.NodeCallLock``). Inside a
 helper's own body its calls are the mechanism, not a lock file, and are not counted.
 
 The tables are those of the sections named in :data:`SECTIONS`; a table's first column says
@@ -105,7 +105,6 @@ PRIMITIVES: dict[str, str] = {
 # inside them, what they wrap is not counted again. A new function that locks a file its caller
 # names, or starts a thread its caller names, belongs here.
 HELPERS: dict[str, str] = {
-    "dra_gpu.kubeletplugin.atomicfile.acquire": FLOCK,
     "dra_gpu.kubeletplugin.atomicfile.locked": FLOCK,
     "dra_gpu.kubeletplugin.atomicfile.take": FLOCK,
     "dra_gpu.kubeletplugin.atomicfile.try_take": FLOCK,
@@ -700,7 +699,7 @@ HELPER_BODY = """
 import fcntl
 
 
-def acquire(fd):
+def take(fd):
     fcntl.flock(fd, fcntl.LOCK_EX)
 
 
