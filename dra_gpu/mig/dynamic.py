@@ -126,6 +126,14 @@ class DynamicMig:
             self.ledger.change(lambda entries: [e for e in entries if e.claim != claim])
         return destroyed
 
+    def created_uuid(self, claim: str, device: str) -> str | None:
+        """The UUID of the instance ``claim`` owns for ``device``; None when there is none."""
+        for entry in self.ledger.load():
+            if entry.claim == claim and entry.device == device:
+                instance = self._present(entry)
+                return instance.uuid if instance is not None else None
+        return None
+
     def _present(self, entry: Owned) -> MigInstance | None:
         return next((i for i in self.instances.list(entry.gpu_uuid) if entry.matches(i)), None)
 

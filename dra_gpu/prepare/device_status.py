@@ -36,7 +36,7 @@ def device_data(record: DeviceRecord, published: Device | None) -> dict[str, str
     data: dict[str, str] = {}
     if record.type is not None:
         data["type"] = record.type
-    if record.uuid is not None:
+    if record.uuid:  # never an empty one: a device not yet created has none to say
         data["uuid"] = record.uuid
     if record.product_name is not None:
         data["productName"] = record.product_name

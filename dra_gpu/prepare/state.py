@@ -363,9 +363,9 @@ class DeviceState:
                         self.store.update(self._recorded(plan, completed), durable=True)
                         recorded = True
                     else:
-                        # The started record, completed: its devices were validated when it was
-                        # built.
-                        completed = started.model_copy(update={"state": PREPARE_COMPLETED})
+                        # The started record, completed, with what prepare made since (a created
+                        # MIG device's UUID and IDs): its devices were validated when it was built.
+                        completed = records.claim_record(plan, state=PREPARE_COMPLETED)
                         self.store.update(
                             lambda cp: cp.with_claim(ref.uid, completed), durable=True
                         )
@@ -622,6 +622,8 @@ class DeviceState:
             )
             self._report("CheckpointUnavailable", problem)
             return StartReport(problems=(problem,))
+        uuids = self._created_uuids(checkpoint)
+        checkpoint = _with_uuids(checkpoint, uuids)
         boot = self._boot_id()
         root = self.settings.cdi_root
         temp_files = (
@@ -649,6 +651,7 @@ class DeviceState:
         adopted = {u: r for u, r in found.items() if u not in checkpoint.claims}
 
         def settle(cp: Checkpoint) -> Checkpoint:
+            cp = _with_uuids(cp, uuids)
             for uid in started:
                 cp = cp.without_claim(uid)
             for u, record in adopted.items():
@@ -682,6 +685,24 @@ class DeviceState:
         )
         log.info("restored state: %s", report)
         return report
+
+    def _created_uuids(self, checkpoint: Checkpoint) -> dict[tuple[str, str], str]:
+        """(claim UID, device) -> UUID of the MIG devices completed records lack: release 0.2.0
+        recorded a created device's UUID as "" (its spec had it), so start fills it in."""
+        if self._mig is None:
+            return {}
+        found: dict[tuple[str, str], str] = {}
+        for uid, record in checkpoint.claims.items():
+            for d in record.devices:
+                if record.state == PREPARE_COMPLETED and d.uuid == "":
+                    try:
+                        uuid = self._mig.created_uuid(uid, d.device)
+                    except InstanceError as exc:
+                        log.warning("cannot read the MIG device of claim %s: %s", uid, exc)
+                        continue
+                    if uuid:
+                        found[(uid, d.device)] = uuid
+        return found
 
     def _destroy_unowned(self, checkpoint: Checkpoint, problems: list[str]) -> list[str]:
         """Dynamic MIG: destroy the driver's instances no completed claim owns (reported)."""
@@ -759,6 +780,22 @@ def _partitions(plan: ClaimPlan, inventory: Mapping[str, Device]) -> bool:
         (found := inventory.get(d.cdi.name)) is not None and found.partition is not None
         for d in plan.devices
     )
+
+
+def _with_uuids(checkpoint: Checkpoint, uuids: Mapping[tuple[str, str], str]) -> Checkpoint:
+    """``checkpoint`` with the devices of ``uuids`` given their UUID."""
+    for uid in {u for u, _ in uuids}:
+        record = checkpoint.claims.get(uid)
+        if record is None:
+            continue
+        devices = tuple(
+            d.model_copy(update={"uuid": uuids[(uid, d.device)]})
+            if (uid, d.device) in uuids and d.uuid == ""
+            else d
+            for d in record.devices
+        )
+        checkpoint = checkpoint.with_claim(uid, record.model_copy(update={"devices": devices}))
+    return checkpoint
 
 
 def _with_instances(plan: ClaimPlan, inventory: Mapping[str, Device], mig: DynamicMig) -> ClaimPlan:

@@ -356,7 +356,7 @@ def cmd_run(_: argparse.Namespace) -> int:
         rows += [entry] if isinstance(entry, demo_view.Row) else observe(kube, state, *entry)
     _err("[demo] applying the dynamic MIG example (a MIG device created for its claim)")
     dynamic = observe(kube, state, *demo_dynamic_mig.apply(kube))
-    rows += demo_dynamic_mig.with_created(dynamic, state)
+    rows += demo_dynamic_mig.with_created(dynamic, state, kube)
     _err("[demo] applying the time-slicing example (the interval set on its GPU, then reset)")
     example = demo_sharing.apply(kube, state)
     shared = observe(kube, state, example.namespace, example.pod)

@@ -63,10 +63,13 @@ def test_bad_input_is_refused_at_admission_and_the_ending_names_the_simulated_no
     assert ("demo-one-gpu", "one-gpu") in created
 
     observed = demo.observe(kube, state, *demo_dynamic_mig.apply(kube))
-    (row,) = demo_dynamic_mig.with_created(observed, state)
+    (row,) = demo_dynamic_mig.with_created(observed, state, kube)
     assert (row.node, row.source) == (demo_env.DYNAMIC_MIG_NODE, "cdi")
     assert row.devices == "gpu-0-mig-3g40gb-9-4", row  # 3g and larger are placed top-down
     assert "MIG 3g.40gb" in row.saw and "created MIG-" in row.saw, row
+    # The claim's device status names the created device (issue 42), the one the row shows.
+    (created,) = re.findall(r"created (MIG-\S+)", row.saw)
+    assert f"claim status.devices: uuid {created}" in row.saw, row
 
     example = demo_sharing.apply(kube, state)
     observed = demo.observe(kube, state, example.namespace, example.pod)

@@ -109,6 +109,17 @@ def mig_uuid(kube: Kube, pod: str) -> str:
     return wait_for(f"the MIG UUID in {pod}'s log", uuid, timeout=WAIT_S)
 
 
+def status_uuid(kube: Kube, pod: str) -> str | None:
+    """The ``uuid`` of the driver's entry in the status of ``pod``'s claim."""
+    statuses = (kube.pod(NAMESPACE, pod).get("status") or {}).get("resourceClaimStatuses") or []
+    for s in statuses:
+        claim = kube.claim(NAMESPACE, s.get("resourceClaimName") or "")
+        for entry in ((claim or {}).get("status") or {}).get("devices") or []:
+            if entry.get("driver") == "gpu.nvidia.com":
+                return str((entry.get("data") or {}).get("uuid") or "")
+    return None
+
+
 def delete(cluster: Cluster, kube: Kube, *pods: str) -> None:
     cluster.kubectl("delete", "-n", NAMESPACE, "pod", *pods, "--wait=true", "--timeout=120s")
 
@@ -124,6 +135,14 @@ def test_pods_get_created_mig_devices_through_the_kubelet(
     made = dyn.instances()
     assert sorted(i["start"] for i in made) == list(range(7))
     assert {mig_uuid(kube, p) for p in ones} == {i["uuid"] for i in made}
+    # The claim's device status names the device its container got (issue 42): what
+    # dcgm-exporter-style tools read to attribute a created MIG device to a pod.
+    for pod in ones:
+        wait_for(
+            f"{pod}'s claim status with its MIG device's UUID",
+            lambda p=pod: status_uuid(kube, p) == mig_uuid(kube, p) or None,  # type: ignore[misc]
+            timeout=WAIT_S,
+        )
 
     create(kube, "eighth", "1g.10gb")
 

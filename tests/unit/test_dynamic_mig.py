@@ -35,6 +35,8 @@ from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.mig.dynamic import DynamicMig
 from dra_gpu.mig.instances import InstanceError, MigInstance, SimulatedInstances
 from dra_gpu.mig.nvml_instances import NvmlInstances
+from dra_gpu.prepare import device_metadata, device_status
+from dra_gpu.prepare.checkpoint import Checkpoint
 from dra_gpu.prepare.plan import ClaimRef
 from dra_gpu.prepare.state import DeviceState
 
@@ -273,6 +275,51 @@ def test_prepare_creates_and_unprepare_destroys(tmp_path: Path) -> None:
     assert len(node.instances()) == 1
     assert state.unprepare([ref("u1")]) == {"u1": ""}
     assert node.instances() == []
+
+
+def test_the_created_devices_uuid_is_in_the_record_status_and_metadata(tmp_path: Path) -> None:
+    """What dcgm-exporter-style tools read to attribute a created MIG device to a pod: the
+    claim's device status, the metadata file, and a spec rebuilt from the record (issue 42)."""
+    node = Node(tmp_path)
+    node.fetcher.add(claim("u1", [result("gpu-0-mig-3g40gb-9-0", pool=NODE)]))
+    state = node.state()
+    assert state.prepare([ref("u1")])[ClaimUID("u1")].error == ""
+    (made,) = node.instances()
+    (record_device,) = state.store.load().claims[ClaimUID("u1")].devices
+    assert record_device.uuid == made.uuid
+    of = device_status.entries_of(
+        state.store, driver="gpu.nvidia.com", inventory=lambda: node.devices
+    )
+    (entry,) = of(ClaimUID("u1")) or []
+    assert entry["data"]["uuid"] == made.uuid
+    assert entry["data"]["parentUUID"] == gpu0(list(node.devices.values())).uuid
+    (meta,) = (tmp_path / "state" / device_metadata.HOST_SUBDIR).glob("*/*/*.json")
+    assert made.uuid in meta.read_text()
+    for spec in (tmp_path / "cdi").glob("*.json"):
+        spec.unlink()  # start rebuilds it from the record
+    node.state().start()
+    (spec,) = (tmp_path / "cdi").glob("*.json")
+    assert made.uuid in spec.read_text()
+
+
+def test_start_fills_in_the_uuid_release_0_2_0_left_empty(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.fetcher.add(claim("u1", [result("gpu-0-mig-3g40gb-9-0", pool=NODE)]))
+    state = node.state()
+    assert state.prepare([ref("u1")])[ClaimUID("u1")].error == ""
+    (made,) = node.instances()
+
+    def as_0_2_0(cp: Checkpoint) -> Checkpoint:
+        record = cp.claims["u1"]
+        devices = tuple(d.model_copy(update={"uuid": ""}) for d in record.devices)
+        return cp.with_claim("u1", record.model_copy(update={"devices": devices}))
+
+    state.store.update(as_0_2_0, durable=True)
+    restarted = node.state()
+    restarted.start()
+    (record_device,) = restarted.store.load().claims[ClaimUID("u1")].devices
+    assert record_device.uuid == made.uuid
+    assert node.instances() == [made]
 
 
 def test_crash_after_creation_leaves_no_orphan_after_restart(tmp_path: Path) -> None:
