@@ -48,6 +48,11 @@ MAX_BACKOFF_S: Final = 30.0
 # Long enough for the answers of a burst of prepares to go out before their writes start, and
 # for a pod that fails at once to be unprepared unwritten; short next to a pod's start (seconds).
 SETTLE_S: Final = 0.25
+# A write due while DRA calls are in flight waits for them to end, at most this long: in a burst
+# of pods the writes took a sixth of the plugin's GIL time (py-spy --gil through bench/prepare.py's
+# 64-at-once rounds), time the burst's answers then waited for. Bounded, so a node that is never
+# idle still gets its status, seconds late at most.
+YIELD_S: Final = 2.0
 QUEUE_SIZE: Final = 1024
 API_VERSION: Final = "resource.k8s.io/v1"
 
@@ -160,6 +165,7 @@ class ClaimStatusWriter:
         forbidden_hint: str = "",
         first_backoff_s: float = FIRST_BACKOFF_S,
         settle_s: float = SETTLE_S,
+        yield_s: float = YIELD_S,
         queue_size: int = QUEUE_SIZE,
     ) -> None:
         self._client, self._entries_of = client, entries_of
@@ -168,15 +174,17 @@ class ClaimStatusWriter:
         # Owns our entries in the server's managed fields; one per driver, since a claim's
         # devices of one driver are prepared by the plugin of one node.
         self._field_manager = f"{driver}/kubelet-plugin"
-        self._first_backoff_s, self._settle_s = first_backoff_s, settle_s
+        self._first_backoff_s, self._settle_s, self._yield_s = first_backoff_s, settle_s, yield_s
         self._size = queue_size
         # Guarded by _lock, shared with the call threads: claims prepared and when their write
         # is due (a repeat keeps the first); claims unprepared since the writer last looked;
-        # whether to stop.
+        # whether to stop; DRA calls in flight, and whether the writer waits for them to end.
         self._lock = threading.Lock()
         self._due: dict[ClaimUID, tuple[float, ClaimRef]] = {}
         self._gone: set[ClaimUID] = set()
         self._stopping = False
+        self._in_flight = 0
+        self._waits_for_idle = False
         self._wake = threading.Event()  # set when the writer may sleep past something new
         # Set by the worker thread only (read by the call threads: a stale read costs one claim).
         self._off = False
@@ -202,11 +210,20 @@ class ClaimStatusWriter:
     # --- the kit's step --------------------------------------------------------------------------
 
     def started(self, operation: str) -> None:
-        return None
+        with self._lock:
+            self._in_flight += 1
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)  # a step called out of turn: not below 0
+            wake = self._in_flight == 0 and self._waits_for_idle
+        if wake:
+            self._wake.set()
 
     def prepared(
         self, refs: Sequence[ClaimRef], results: Mapping[ClaimUID, PrepareResult], seconds: float
     ) -> None:
+        self._ended()
         for ref in refs:
             result = results.get(ref.uid)
             if result is not None and not result.error and result.devices:
@@ -215,6 +232,7 @@ class ClaimStatusWriter:
     def unprepared(
         self, refs: Sequence[ClaimRef], errors: Mapping[ClaimUID, str], seconds: float
     ) -> None:
+        self._ended()
         if self._off:
             return
         with self._lock:
@@ -250,11 +268,15 @@ class ClaimStatusWriter:
             with self._lock:
                 if self._stopping:
                     return
-                ready = [ref for at, ref in self._due.values() if at <= now]
+                # While calls are in flight a due write waits for them, up to yield_s.
+                late = self._yield_s if self._in_flight else 0.0
+                ready = [ref for at, ref in self._due.values() if at + late <= now]
                 for ref in ready:
                     del self._due[ref.uid]
                 gone, self._gone = self._gone, set()
-                soonest = min((at for at, _ in self._due.values()), default=None)
+                soonest = min((at + late for at, _ in self._due.values()), default=None)
+                # The last call to end wakes the writer only when it waits for that.
+                self._waits_for_idle = late > 0 and bool(self._due)
                 self._wake.clear()  # under the lock: a submit after this sets it again
             if gone:
                 for uid in gone:

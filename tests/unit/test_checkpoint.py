@@ -38,6 +38,8 @@ from dra_gpu.prepare.checkpoint import (
     CheckpointTooNew,
     ClaimRecord,
     DeviceRecord,
+    EncodedRecords,
+    decode,
     encode,
     read_boot_id,
 )
@@ -308,3 +310,24 @@ def test_a_lock_held_elsewhere_fails_a_write_after_the_bounded_wait_naming_its_h
         assert set(CheckpointStore(tmp_path, lock_timeout_s=0.2).load().claims) == {"uid-1"}
     store.update(add("uid-2"), durable=True)
     assert set(CheckpointStore(tmp_path).load().claims) == {"uid-1", "uid-2"}
+
+
+def test_a_commit_reusing_records_json_writes_what_a_full_encode_writes() -> None:
+    """The store's commits keep each record's JSON while the record is unchanged: what they
+    write must read back as the checkpoint, a newer plugin's extra fields included."""
+    device = DeviceRecord(pool="node", device="gpu-0", uuid="GPU-0", type="gpu")
+    first = Checkpoint(boot_id="b", generation=3).with_claim(
+        "uid-1", ClaimRecord(state="PrepareCompleted", namespace="ns", name="a", devices=(device,))
+    )
+    encoded: EncodedRecords = {}
+    assert decode(encode(first, encoded)) == first
+    changed = ClaimRecord(state="PrepareCompleted", namespace="ns", name="b", devices=(device,))
+    second = first.with_claim("uid-2", changed).with_claim(
+        "uid-1", first.claims["uid-1"].model_copy(update={"name": "renamed"})
+    )
+    newer = Checkpoint.model_validate({**second.model_dump(), "future_field": {"x": 1}})
+    for cp in (second, newer, first.without_claim("uid-1")):
+        data = encode(cp, encoded)
+        assert decode(data) == cp
+        assert json.loads(data) == json.loads(encode(cp))
+        assert set(encoded) == set(cp.claims)

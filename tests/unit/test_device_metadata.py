@@ -164,3 +164,17 @@ def test_start_removes_unowned_files_and_rebuilds_missing_ones(node: Node) -> No
     device_metadata.remove(node.state_dir, ClaimUID("u3"))
     assert node.state().prepare([ref("u3")])[ClaimUID("u3")].error == ""
     assert node.file("u3", "gpu") == written
+
+
+def test_remove_takes_the_claims_files_and_whatever_a_killed_write_left(tmp_path: Path) -> None:
+    claim_dir = tmp_path / device_metadata.HOST_SUBDIR / "u1"
+    for request in ("gpu", "mig"):
+        (claim_dir / request).mkdir(parents=True)
+        (claim_dir / request / device_metadata.FILE_NAME).write_text("{}")
+    (claim_dir / "mig" / ".metadata.json.tmp-1").write_text("half")  # a write killed midway
+    other = tmp_path / device_metadata.HOST_SUBDIR / "u2" / "gpu" / device_metadata.FILE_NAME
+    other.parent.mkdir(parents=True)
+    other.write_text("{}")
+    device_metadata.remove(tmp_path, ClaimUID("u1"))
+    assert not claim_dir.exists() and other.exists()
+    device_metadata.remove(tmp_path, ClaimUID("u1"))  # unprepare repeats: nothing there

@@ -397,3 +397,26 @@ def test_only_prepared_claims_are_written_and_unprepared_ones_never(
     w.prepared([failed], answers, 0.001)
     time.sleep(0.9)  # three settle times: a write due would have been made by now
     assert results.empty() and len(client.applies) == 1
+
+
+def test_a_due_write_waits_for_the_calls_in_flight_at_most_yield_s(
+    results: queue.Queue[str], record: ClaimRecord, running: list[Any]
+) -> None:
+    """A burst's answers first: the status writes wait until no call is in flight, and a node
+    that is never idle still gets its status within the bound."""
+    client = FakeClient(api_claim())
+    w = start(running, writer_for(client, results, record, yield_s=60.0))
+    device = PreparedDevice(("gpu",), NODE, DeviceName("gpu-0"), ())
+    w.started("prepare")
+    w.started("prepare")  # another call of the burst, still running
+    w.prepared([REF], {REF.uid: PrepareResult(devices=(device,))}, 0.001)
+    time.sleep(0.5)
+    assert results.empty() and client.applies == []
+    w.unprepared([], {}, 0.001)  # the last call of the burst ends
+    assert next_result(results) == "written"
+
+    bounded = start(running, writer_for(FakeClient(api_claim()), results, record, yield_s=0.3))
+    bounded.started("prepare")
+    bounded.started("prepare")  # never ends
+    bounded.prepared([REF], {REF.uid: PrepareResult(devices=(device,))}, 0.001)
+    assert next_result(results) == "written"
