@@ -257,15 +257,18 @@ def merge(into: Figures, more: Figures) -> None:
 
 def table(ours: Figures, theirs: Figures) -> str:
     def row(label: str, a: Sequence[float], b: Sequence[float], fmt: str = "{:.2f}") -> str:
+        if not a or not b:
+            return f"| {label} | not measured | not measured | |"
         ratios = " / ".join(f"{x / y:.2f}" for x, y in zip(a, b, strict=True))
         left = " / ".join(fmt.format(x) for x in a)
         right = " / ".join(fmt.format(y) for y in b)
         return f"| {label} | {left} | {right} | {ratios} |"
 
     def tail(samples: Sequence[float]) -> list[float]:
-        return [pct(samples, 0.5), pct(samples, 0.99)]
+        return [pct(samples, 0.5), pct(samples, 0.99)] if samples else []  # e.g. --paired 0
 
-    med = statistics.median
+    def med(samples: Sequence[float]) -> list[float]:
+        return [statistics.median(samples)] if samples else []
     return "\n".join(
         [
             "| figure | dra-gpu | Go example | ratio |",
@@ -284,37 +287,37 @@ def table(ours: Figures, theirs: Figures) -> str:
             ),
             row(
                 "plugin CPU per prepare+unprepare ms",
-                [med(ours.cpu_ms_per_cycle)],
-                [med(theirs.cpu_ms_per_cycle)],
+                med(ours.cpu_ms_per_cycle),
+                med(theirs.cpu_ms_per_cycle),
             ),
             row(
                 f"{DEVICES} at once, prepare claims/s",
-                [med(ours.prepare_rate)],
-                [med(theirs.prepare_rate)],
+                med(ours.prepare_rate),
+                med(theirs.prepare_rate),
                 "{:.0f}",
             ),
             row(
                 "8 at once, prepare claims/s",
-                [med(ours.prepare_rate_8)],
-                [med(theirs.prepare_rate_8)],
+                med(ours.prepare_rate_8),
+                med(theirs.prepare_rate_8),
                 "{:.0f}",
             ),
             row(
                 "same, in rolling-update mode (pod UID)",
-                [med(ours.rolling_prepare_rate)],
-                [med(theirs.rolling_prepare_rate)],
+                med(ours.rolling_prepare_rate),
+                med(theirs.rolling_prepare_rate),
                 "{:.0f}",
             ),
             row(
                 f"{DEVICES} at once, unprepare claims/s",
-                [med(ours.unprepare_rate)],
-                [med(theirs.unprepare_rate)],
+                med(ours.unprepare_rate),
+                med(theirs.unprepare_rate),
                 "{:.0f}",
             ),
             row(
                 "start -> all devices published ms",
-                [med(ours.start_ms)],
-                [med(theirs.start_ms)],
+                med(ours.start_ms),
+                med(theirs.start_ms),
                 "{:.0f}",
             ),
             row("RSS after the run MiB", [max(ours.rss_mib)], [max(theirs.rss_mib)], "{:.1f}"),
