@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from e2e import binaries, helm, procs, supervisor
 from e2e.cluster import Cluster
+from e2e.demo import driver_profile
 from e2e.driver import (
     ManagedProcess,
     PluginProcess,
@@ -73,6 +74,9 @@ DYNAMIC_MIG_FLAGS = ("--mig-mode", "dynamic")
 # those examples find its GPUs free.
 SHARES_NODE = "demo-h200-shared"
 SHARES_FLAGS = ("--consumable-shares", "memory")
+# demo-h200-shared's driver is upgraded at the end of the demo (``e2e.demo.driver_upgrade``): its
+# plugin runs on a profile file with the GPUs of ``h200x8`` (``e2e.demo.driver_profile``).
+DRIVER_UPGRADE_NODE = SHARES_NODE
 NODE_PROFILES = {
     "demo-h200": "h200x8",
     "demo-a100": "a100x4-mig",
@@ -227,13 +231,11 @@ class Environment:
     def _profile_file(self, name: str, profile: str) -> str:
         """The driver-upgrade node's plugin runs on a file with its built-in profile's GPUs,
         which the demo's last step rewrites (``e2e.demo.driver_upgrade``); others on the name."""
-        from e2e.demo import driver_upgrade
-
-        if name != driver_upgrade.NODE:
+        if name != DRIVER_UPGRADE_NODE:
             return profile
-        path = driver_upgrade.profile_path(self.workdir)
+        path = driver_profile.profile_path(self.workdir)
         path.parent.mkdir(parents=True, exist_ok=True)
-        driver_upgrade.write_profile(path)
+        driver_profile.write_profile(path)
         return str(path)
 
     def _try_real_node(

@@ -17,7 +17,7 @@
    (``e2e.demo.sharing``: the ``nvidia-smi`` commands recorded at prepare, and after its pod is
    deleted the reset), and the consumable-shares example (``e2e.demo.shares``: two claims by
    memory on one GPU, each row with its shareID and consumed memory);
-4. upgrades ``demo-h200``'s driver, 580.159.04 -> 590.48.01 (``e2e.demo.driver_upgrade``: the
+4. upgrades ``demo-h200-shared``'s driver, 580.159.04 -> 590.48.01 (``e2e.demo.driver_upgrade``: the
    taint during the reload, a prepare refused with the reason, the new version published, the
    taint gone, the prepared claims' specs and records unchanged);
 5. prints the table pod → claim → node → device → what the container saw, the driver upgrade,
