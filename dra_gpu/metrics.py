@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 # Prepare is milliseconds when warm, seconds when the API server or the disk is slow.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# A driver reload is seconds; an upgrade that installs a driver, minutes.
+OUTAGE_BUCKETS = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
 class AddressError(ValueError):
@@ -113,6 +115,33 @@ class PluginMetrics:
             ["result"],
             registry=r,
         )
+        self.driver_outages = Counter(
+            "dra_gpu_plugin_driver_outages",
+            "Times the GPU driver became unavailable (unloaded, or NVML unusable)",
+            registry=r,
+        )
+        self.driver_unavailable = Gauge(
+            "dra_gpu_plugin_driver_unavailable",
+            "1 while the GPU driver is unavailable or its devices wait for re-discovery",
+            registry=r,
+        )
+        self.driver_outage_seconds = Histogram(
+            "dra_gpu_plugin_driver_outage_duration_seconds",
+            "Length of each GPU driver outage, from the first look that found it out to the "
+            "re-discovery after it came back",
+            buckets=OUTAGE_BUCKETS,
+            registry=r,
+        )
+
+    def driver_outage_began(self) -> None:
+        """The GPU driver went out (unloaded for an upgrade, a version mismatch)."""
+        self.driver_outages.inc()
+        self.driver_unavailable.set(1)
+
+    def driver_outage_ended(self, seconds: float) -> None:
+        """The driver is back and its devices were re-discovered, ``seconds`` after it went."""
+        self.driver_outage_seconds.observe(seconds)
+        self.driver_unavailable.set(0)
 
     def claim_status(self, result: str) -> None:
         """Observer for the device status writer: one attempt ended with ``result``."""

@@ -202,6 +202,17 @@ class Discovery:
     errors: tuple[DiscoveryError, ...] = field(default=())
 
 
+@dataclass(frozen=True)
+class DriverStatus:
+    """One look at the kernel driver through NVML: loaded (and its versions, as NVML prints
+    them) or not, and why not (NVML's own words, e.g. ``nvmlInit: Driver Not Loaded``)."""
+
+    loaded: bool
+    version: str = ""  # "580.159.04"
+    cuda_version: str = ""  # "13.0"
+    reason: str = ""  # why it is not loaded
+
+
 class GpuBackend(Protocol):
     """Source of GPU facts. Implementations: ``NvmlBackend``, ``SimulatedBackend``."""
 

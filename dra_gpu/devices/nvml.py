@@ -35,6 +35,7 @@ from dra_gpu.devices.bounded import BoundedCaller, CallTimeoutError
 from dra_gpu.devices.model import (
     Discovery,
     DiscoveryError,
+    DriverStatus,
     GpuInfo,
     MigDeviceInfo,
     MigEngines,
@@ -193,6 +194,35 @@ class NvmlBackend:
         handle, shown = nvml_lib.load(self._driver_root, open_library=self._open_library)
         if nvml_lib.install(self._nvml, handle):
             log.info("NVML loaded from %s", shown)
+
+    # -- the driver --------------------------------------------------------------------------
+
+    def driver_status(self) -> DriverStatus:
+        """Whether NVML can be used, and the driver's versions: four bounded calls (init, two
+        versions, shutdown), cheap enough for a look every few seconds. A library that cannot
+        be loaded, an ``nvmlInit`` that fails or hangs (``Driver Not Loaded`` while the kernel
+        modules are out; ``RM has detected an NVML/RM version mismatch`` when the library this
+        process loaded is older than the kernel module now loaded) all read as not loaded."""
+        with self._pass_lock:
+            try:
+                self._load_library()
+            except nvml_lib.NvmlLibraryError as e:
+                return DriverStatus(loaded=False, reason=str(e))
+            try:
+                self._call("nvmlInit")
+            except (GpuReadError, CallTimeoutError) as e:
+                return DriverStatus(loaded=False, reason=str(e))
+            try:
+                version = _text(self._call("nvmlSystemGetDriverVersion"))
+                cuda = _cuda_version_text(int(self._call("nvmlSystemGetCudaDriverVersion")))
+            except Exception as e:  # GpuReadError, CallTimeoutError or an unexpected answer
+                return DriverStatus(loaded=False, reason=f"NVML system query failed: {e}")
+            finally:
+                try:
+                    self._call("nvmlShutdown")
+                except (GpuReadError, CallTimeoutError) as e:
+                    log.warning("nvmlShutdown failed: %s", e)
+            return DriverStatus(loaded=True, version=version, cuda_version=cuda)
 
     # -- discovery ------------------------------------------------------------------------
 

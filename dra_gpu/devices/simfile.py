@@ -60,6 +60,8 @@ class GpuEntry(_Strict):
 class ProfileFile(_Strict):
     driver_version: str = Field(default="580.159.04", alias="driverVersion")
     cuda_driver_version: str = Field(default="13.0", alias="cudaDriverVersion")
+    # false: the kernel driver is unloaded, as during a driver upgrade (docs/device-health.md)
+    driver_loaded: bool = Field(default=True, alias="driverLoaded")
     gpus: list[GpuEntry] = Field(min_length=1)
 
 
@@ -86,6 +88,7 @@ def _to_profile(name: str, doc: ProfileFile) -> SimProfile:
         gpus=tuple(gpus),
         driver_version=doc.driver_version,
         cuda_driver_version=doc.cuda_driver_version,
+        driver_loaded=doc.driver_loaded,
     )
 
 

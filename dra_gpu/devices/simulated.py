@@ -25,11 +25,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from dra_gpu.devices import migprofiles
-from dra_gpu.devices.model import Discovery, DiscoveryError, GpuInfo, MigDeviceInfo
+from dra_gpu.devices.model import (
+    Discovery,
+    DiscoveryError,
+    DriverStatus,
+    GpuInfo,
+    MigDeviceInfo,
+)
 from dra_gpu.errors import UserError
 
 MIB = migprofiles.MIB
 log = logging.getLogger(__name__)
+# pynvml's words when nvmlInit finds no kernel driver (NVML_ERROR_DRIVER_NOT_LOADED).
+DRIVER_NOT_LOADED = "nvmlInit: Driver Not Loaded"
 
 
 class ProfileError(UserError, ValueError):
@@ -103,6 +111,8 @@ class SimProfile:
     gpus: tuple[SimGpu, ...]
     driver_version: str = "580.159.04"  # from the fixture
     cuda_driver_version: str = "13.0"
+    # False: the kernel driver is unloaded (an upgrade in progress): NVML cannot be initialised
+    driver_loaded: bool = True
 
 
 def default_pci(i: int) -> tuple[str, str]:
@@ -232,7 +242,21 @@ class SimulatedBackend:
         self.profile = profile
         self.node_name = node_name
 
+    def driver_status(self) -> DriverStatus:
+        """What NVML would say of the driver: its versions, or NVML's error when unloaded."""
+        if not self.profile.driver_loaded:
+            return DriverStatus(loaded=False, reason=DRIVER_NOT_LOADED)
+        return DriverStatus(
+            loaded=True,
+            version=self.profile.driver_version,
+            cuda_version=self.profile.cuda_driver_version,
+        )
+
     def discover(self) -> Discovery:
+        if not self.profile.driver_loaded:
+            # As the NVML backend reports an nvmlInit that fails: the whole backend, no GPU.
+            message = f"NVML could not be initialised: {DRIVER_NOT_LOADED}"
+            return Discovery(gpus=(), errors=(DiscoveryError(None, message),))
         gpus: list[GpuInfo] = []
         errors: list[DiscoveryError] = []
         for minor, sim in enumerate(self.profile.gpus):

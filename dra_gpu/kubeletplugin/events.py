@@ -53,8 +53,10 @@ def warning_event(
     message: str,
     host: str,
     source: str,
+    event_type: str = "Warning",
 ) -> dict[str, Any]:
-    """A Warning Event about ``involved`` (kind, name, uid, and apiVersion/namespace if any)."""
+    """A Warning Event about ``involved`` (kind, name, uid, and apiVersion/namespace if any);
+    ``event_type`` "Normal" for one that reports things back to normal."""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "apiVersion": "v1",
@@ -63,7 +65,7 @@ def warning_event(
         "involvedObject": dict(involved),
         "reason": reason,
         "message": message[:1024],
-        "type": "Warning",
+        "type": event_type,
         "source": {"component": source, "host": host},
         "firstTimestamp": now,
         "lastTimestamp": now,

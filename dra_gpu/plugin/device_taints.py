@@ -9,6 +9,9 @@
   quiet period *and* its health probe succeeds; a GPU that is lost (not discovered, or the
   probe fails) keeps its taints however long it has been quiet.
 - An administrator's clear drops every fault of the GPU at once.
+- The kernel driver's outage (``driver_outage``: unloaded for an upgrade, a version mismatch) is
+  one more fault, ``driver-unavailable`` (NoSchedule), on every device of the node at once; it is
+  not a GPU's and goes with the driver's return, not with a quiet period or a clear.
 - Faults live in memory; the published taints are their durable copy: at start the plugin
   ``restore``s them from its slices, so a restart neither lifts a taint nor re-stamps it, and
   the quiet period starts again.
@@ -31,6 +34,7 @@ JSON = dict[str, Any]
 MAX_TAINTS_PER_DEVICE = 16  # the API server's limit
 MAX_LABEL_VALUE = 63
 SEVERITY_EFFECTS = (health_rules.NO_SCHEDULE, health_rules.NO_EXECUTE)
+DRIVER_UNAVAILABLE = "driver-unavailable"  # the taint key of the driver's outage
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")
 
 
@@ -113,11 +117,19 @@ def _ordered(by_key: Mapping[str, Fault]) -> list[Fault]:
     )[:MAX_TAINTS_PER_DEVICE]
 
 
-def device_taints(driver: str, devices: Iterable[Device], faults: Faults) -> dict[str, list[JSON]]:
-    """Device name -> its taints, for the devices of faulty GPUs (MIG devices included)."""
+def _of(device: Device, faults: Faults, outage: Fault | None) -> Mapping[str, Fault]:
+    by_key = faults.get(device.gpu.uuid) or {}
+    return {**by_key, outage.key: outage} if outage is not None else by_key
+
+
+def device_taints(
+    driver: str, devices: Iterable[Device], faults: Faults, outage: Fault | None = None
+) -> dict[str, list[JSON]]:
+    """Device name -> its taints, for the devices of faulty GPUs (MIG devices included), and
+    for every device while the driver is out (``outage``)."""
     out: dict[str, list[JSON]] = {}
     for device in devices:
-        by_key = faults.get(device.gpu.uuid)
+        by_key = _of(device, faults, outage)
         if by_key:
             out[device.name] = [taint(driver, f) for f in _ordered(by_key)]
     return out
@@ -130,11 +142,14 @@ def describe(fault: Fault) -> str:
     return f"{what}: {fault.reason} ({fault.effect}; first {first}, last {last})"
 
 
-def device_messages(devices: Iterable[Device], faults: Faults) -> dict[str, str]:
-    """Device name -> why it is unhealthy, for the devices of faulty GPUs (health stream)."""
+def device_messages(
+    devices: Iterable[Device], faults: Faults, outage: Fault | None = None
+) -> dict[str, str]:
+    """Device name -> why it is unhealthy, for the devices of faulty GPUs and for every device
+    while the driver is out (health stream)."""
     out: dict[str, str] = {}
     for device in devices:
-        by_key = faults.get(device.gpu.uuid)
+        by_key = _of(device, faults, outage)
         if by_key:
             out[device.name] = "; ".join(describe(f) for f in _ordered(by_key))[:1024]
     return out
@@ -158,7 +173,8 @@ def restore(
 ) -> Faults:
     """The faults behind the taints this driver published (before a restart) on devices that
     still exist. Their quiet period starts again at ``now``; taints of others (a
-    DeviceTaintRule, another driver) are not ours and are left out."""
+    DeviceTaintRule, another driver) are not ours and are left out, and so is the driver's
+    outage: the monitor looks at the driver again within seconds."""
     prefix = f"{driver}/"
     gpu_of_device = {d.name: d.gpu.uuid for d in devices}
     faults: dict[str, dict[str, Fault]] = {}
@@ -171,6 +187,8 @@ def restore(
                 if not key.startswith(prefix) or effect not in SEVERITY_EFFECTS:
                     continue
                 name = key.removeprefix(prefix)
+                if name == DRIVER_UNAVAILABLE:
+                    continue
                 slug = str(t.get("value", "")).rpartition(".")[0]
                 first = _parse_time(t.get("timeAdded")) or now
                 reason = slug.replace("-", " ") or name

@@ -9,6 +9,12 @@ Design:
 - ``run`` reads the command file every ``poll_s`` and once a second looks for GPUs that have
   been quiet for the quiet period; those recover if they are still discovered and their
   ``probe`` succeeds (a lost GPU never recovers).
+- Every ``driver_look_s`` ``run`` also looks at the kernel driver (``driver_probe``) and feeds
+  ``driver_outage``'s state machine: while the driver is out every device carries the
+  ``driver-unavailable`` taint and :meth:`refusal` tells prepare why new claims wait; once it
+  is back, re-discovery (which asks :meth:`wants_rediscovery` every second) publishes the
+  devices as they are now, :meth:`set_devices` ends the outage, and ``on_driver`` hears of its
+  beginning and its end (the Node's Events and /metrics), outside the lock.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from dra_gpu.devices import health_rules
 from dra_gpu.devices.health_events import FILE_NAME, Clear, CommandFile, HealthEvent, Injected
 from dra_gpu.devices.model import Device
 from dra_gpu.kube.objects import ResourceSlice
-from dra_gpu.plugin import device_taints
+from dra_gpu.plugin import device_taints, driver_outage
+from dra_gpu.plugin.platforms import DriverProbe
 from dra_gpu.plugin.settings import Settings
 
 if TYPE_CHECKING:
@@ -35,6 +42,10 @@ log = logging.getLogger(__name__)
 JSON = device_taints.JSON
 Publish = Callable[..., None]  # NodePlugin.set_devices
 Probe = Callable[[str], bool]  # GPU UUID -> it answers
+OnDriver = Callable[[driver_outage.Change], None]
+# How often the driver is looked at: an unloaded driver is tainted within seconds. On NVML a
+# look is nvmlInit, two version queries and nvmlShutdown.
+DRIVER_LOOK_S = 2.0
 
 
 class EventSource(Protocol):
@@ -56,6 +67,10 @@ class HealthMonitor:
         poll_s: float = 0.2,
         source: EventSource | None = None,
         faults: device_taints.Faults | None = None,
+        driver_probe: DriverProbe | None = None,
+        rediscovers: bool = True,
+        on_driver: OnDriver | None = None,
+        driver_look_s: float = DRIVER_LOOK_S,
     ) -> None:
         self._rules = rules
         self._driver = driver
@@ -71,24 +86,89 @@ class HealthMonitor:
         self._in_use: Collection[str] | None = None
         self._faults: device_taints.Faults = faults or {}
         self._seen: dict[tuple[str, str], int] = {}  # (GPU UUID, event kind) -> events
+        self._driver_probe = driver_probe
+        self._rediscovers = rediscovers
+        self._on_driver = on_driver
+        self._driver_look_s = driver_look_s
+        self._outage: driver_outage.State = driver_outage.Loaded()
+        # Set under the lock, read without it by prepare's threads (one reference, read
+        # whole): a prepare never waits for a publish in progress to learn the driver is out.
+        self._refusal: str | None = None
 
     @property
     def faults(self) -> device_taints.Faults:
         with self._lock:
             return self._faults
 
+    @property
+    def driver_state(self) -> driver_outage.State:
+        with self._lock:
+            return self._outage
+
+    def refusal(self) -> str | None:
+        """Why a new prepare must wait for the driver now, or None (prepare's gate)."""
+        return self._refusal
+
+    def wants_rediscovery(self) -> bool:
+        """Whether the driver is back and its devices wait for a re-discovery (re-discovery
+        asks this every second, and then discovers at once, changed or not)."""
+        with self._lock:
+            return isinstance(self._outage, driver_outage.Back)
+
     def set_devices(self, devices: Sequence[Device], *, in_use: Collection[str] | None) -> None:
-        """A new inventory (from re-discovery): published with the faults of its GPUs."""
+        """A new inventory (from re-discovery): published with the faults of its GPUs; after
+        a driver outage, the end of it (its taint goes in the same publish)."""
         with self._lock:
             self._devices, self._in_use = list(devices), in_use
+            change = self._driver_to_locked(
+                driver_outage.rediscovered(self._outage, now=self._clock())
+            )
             self._publish_locked()
+        self._tell(change)
+
+    def look_at_driver(self) -> driver_outage.Change | None:
+        """One look at the kernel driver (outside the lock: NVML calls); publish when the
+        outage's taint comes or goes."""
+        if self._driver_probe is None:
+            return None
+        status = self._driver_probe()
+        with self._lock:
+            before = driver_outage.fault(self._outage)
+            change = self._driver_to_locked(
+                driver_outage.look(
+                    self._outage, status, now=self._clock(), rediscovers=self._rediscovers
+                )
+            )
+            if driver_outage.fault(self._outage) != before:
+                self._publish_locked()
+        self._tell(change)
+        return change
+
+    def _driver_to_locked(
+        self, moved: tuple[driver_outage.State, driver_outage.Change | None]
+    ) -> driver_outage.Change | None:
+        self._outage, change = moved
+        self._refusal = driver_outage.refusal(self._outage)
+        return change
+
+    def _tell(self, change: driver_outage.Change | None) -> None:
+        if change is None:
+            return
+        reason, message = driver_outage.describe(change)
+        if isinstance(change, driver_outage.Began):
+            log.error("%s: %s", reason, message)
+        else:
+            log.warning("%s: %s", reason, message)
+        if self._on_driver is not None:
+            self._on_driver(change)
 
     def _publish_locked(self) -> None:
+        outage = driver_outage.fault(self._outage)
         self._publish(
             self._devices,
             in_use=self._in_use,
-            taints=device_taints.device_taints(self._driver, self._devices, self._faults),
-            faults=device_taints.device_messages(self._devices, self._faults),
+            taints=device_taints.device_taints(self._driver, self._devices, self._faults, outage),
+            faults=device_taints.device_messages(self._devices, self._faults, outage),
         )
 
     def event_counts(self) -> dict[tuple[str, str], int]:
@@ -171,10 +251,13 @@ class HealthMonitor:
         return cleared
 
     def run(self, stop: threading.Event) -> None:
-        last_recovery = 0.0
+        last_recovery = last_look = 0.0
         while not stop.wait(self._poll_s):
             try:
                 self.read_commands()
+                if time.monotonic() - last_look >= self._driver_look_s:
+                    last_look = time.monotonic()
+                    self.look_at_driver()
                 if time.monotonic() - last_recovery >= 1.0:
                     last_recovery = time.monotonic()
                     self.recover()
@@ -196,10 +279,14 @@ def for_plugin(
     devices: Sequence[Device],
     plugin: NodePlugin,
     published: Sequence[ResourceSlice],
+    driver_probe: DriverProbe | None = None,
+    rediscovers: bool = True,
+    on_driver: OnDriver | None = None,
 ) -> HealthMonitor:
     """The monitor of a plugin about to start: NVML's events on real GPUs, injected ones on
     simulated GPUs; the command file in the state directory on both. ``published``: the slices
-    an earlier instance left, whose taints are restored (and published again before start)."""
+    an earlier instance left, whose taints are restored (and published again before start).
+    ``driver_probe``, ``rediscovers``, ``on_driver``: the driver's outages (``HealthMonitor``)."""
     simulated = settings.simulate is not None
     loop: NvmlEventLoop | None = None
     if not simulated:
@@ -221,6 +308,9 @@ def for_plugin(
         faults=device_taints.restore(
             published, driver=settings.driver_name, devices=devices, now=time.time()
         ),
+        driver_probe=driver_probe,
+        rediscovers=rediscovers,
+        on_driver=on_driver,
     )
     if monitor.faults:
         log.warning(

@@ -11,6 +11,11 @@
     published only once two discoveries in a row agree, so one failed NVML call does not take
     devices out and put them back a minute later. Single-GPU errors are logged when they start
     and when they end, not on every pass.
+- A re-discovery that cannot use NVML at all (the driver unloaded for an upgrade) changes
+  nothing: the devices stay published, and the health monitor taints them while the driver is
+  out (``driver_outage``). Once the driver is back the monitor wants the devices as they are
+  now: ``Watcher`` asks ``urgent`` every second and then discovers at once (a profile file
+  changed or not) and tells the listener even when nothing changed, which ends the outage.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from dra_gpu.devices import naming
-from dra_gpu.devices.model import Device, GpuBackend
+from dra_gpu.devices.model import Device, Discovery, GpuBackend
 
 # InventoryError is raised here too; defined with the platforms, which import nothing of this.
 from dra_gpu.plugin.platforms import InventoryError as InventoryError
@@ -64,9 +70,26 @@ def log_errors(now: Iterable[str], before: Iterable[str] = ()) -> None:
         log.warning("GPU discovery recovered from: %s", error)
 
 
+class NvmlUnavailable(InventoryError):
+    """A re-discovery found NVML unusable as a whole: the last inventory stays published."""
+
+
+def rediscover(backend: GpuBackend) -> tuple[list[Device], tuple[str, ...]]:
+    """``discover_with_errors`` for re-discovery; raises NvmlUnavailable when the backend as a
+    whole failed (no GPU read), so that an unloaded driver does not unpublish every device."""
+    found = backend.discover()
+    whole = [e for e in found.errors if e.index is None]
+    if whole and not found.gpus:
+        raise NvmlUnavailable(f"{whole[0]}; the last inventory stays published")
+    return _named(found)
+
+
 def discover_with_errors(backend: GpuBackend) -> tuple[list[Device], tuple[str, ...]]:
     """The devices, and the errors of GPUs left out; raises InventoryError."""
-    found = backend.discover()
+    return _named(backend.discover())
+
+
+def _named(found: Discovery) -> tuple[list[Device], tuple[str, ...]]:
     try:
         return naming.build_devices(found.gpus), tuple(str(e) for e in found.errors)
     except ValueError as err:
@@ -81,7 +104,13 @@ def _signature(path: Path) -> tuple[int, int, int] | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-Poll = Callable[[], Sequence[Device] | None]
+# force -> the devices now, or None when there is nothing new to look at (never with force)
+Poll = Callable[[bool], Sequence[Device] | None]
+URGENT_TICK_S = 1.0  # how often ``urgent`` is asked
+
+
+def _never() -> bool:
+    return False
 
 
 class Watcher:
@@ -89,7 +118,9 @@ class Watcher:
 
     ``poll`` returns the devices now, or None when there is nothing new to look at; it may
     raise InventoryError (logged, the last inventory stays). ``confirm`` is how many polls in a
-    row must return the same new devices before the listener hears of them.
+    row must return the same new devices before the listener hears of them. ``urgent`` is asked
+    every second: when True, a poll runs at once, forced, and the listener hears of its devices
+    whether they changed or not (see the module docstring).
     """
 
     def __init__(
@@ -101,6 +132,7 @@ class Watcher:
         interval_s: float,
         confirm: int = 1,
         what: str,
+        urgent: Callable[[], bool] = _never,
     ) -> None:
         self._poll = poll
         self._listener = listener
@@ -108,6 +140,7 @@ class Watcher:
         self._interval_s = interval_s
         self._confirm = confirm
         self.what = what
+        self._urgent = urgent
         self._candidate: list[Device] | None = None
         self._seen = 0
 
@@ -119,23 +152,33 @@ class Watcher:
         return thread
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.wait(self._interval_s):
+        last = time.monotonic()
+        while not stop.wait(min(self._interval_s, URGENT_TICK_S)):
             try:
-                self.check()
+                urgent = self._urgent()
+                if urgent or time.monotonic() - last >= self._interval_s:
+                    last = time.monotonic()
+                    self.check(urgent=urgent)
             except Exception:
                 # A bug or an unexpected library error must not end re-discovery for good.
                 log.exception("%s: re-discovery failed", self.what)
 
-    def check(self) -> bool:
-        """One poll; True when the listener was told of new devices."""
+    def check(self, *, urgent: bool = False) -> bool:
+        """One poll; True when the listener was told of the devices (new ones, or any when
+        ``urgent``)."""
         try:
-            polled = self._poll()
+            polled = self._poll(urgent)
         except InventoryError as err:
             log.error("%s cannot be used: %s", self.what, err)
             return False
         if polled is None:
             return False
         devices = list(polled)
+        if urgent:
+            log.info("%s discovered at once: %d devices", self.what, len(devices))
+            self._current, self._candidate, self._seen = devices, None, 0
+            self._listener(devices)
+            return True
         if devices == self._current:
             self._candidate, self._seen = None, 0
             return False
@@ -151,13 +194,14 @@ class Watcher:
 
 
 def file_poll(path: Path, discover_now: Callable[[], Sequence[Device]]) -> Poll:
-    """Re-discovers (``discover_now``) from a simulated profile file when the file changed."""
+    """Re-discovers (``discover_now``) from a simulated profile file when the file changed
+    (or when forced)."""
     seen = _signature(path)
 
-    def poll() -> Sequence[Device] | None:
+    def poll(force: bool) -> Sequence[Device] | None:
         nonlocal seen
         signature = _signature(path)
-        if signature is None or signature == seen:
+        if signature is None or (signature == seen and not force):
             return None
         seen = signature
         return discover_now()
@@ -168,18 +212,24 @@ def file_poll(path: Path, discover_now: Callable[[], Sequence[Device]]) -> Poll:
 def backend_poll(backend: GpuBackend, *, reported: Sequence[str] = ()) -> Poll:
     """Re-discovers through ``backend``; logs a GPU's error when it starts and when it ends.
 
-    ``reported``: the errors already logged (at start).
+    ``reported``: the errors already logged (at start). Raises NvmlUnavailable.
     """
     before = tuple(reported)
 
-    def poll() -> Sequence[Device]:
+    def poll(force: bool) -> Sequence[Device]:
         nonlocal before
-        devices, errors = discover_with_errors(backend)
+        devices, errors = rediscover(backend)
         log_errors(errors, before)
         before = errors
         return devices
 
     return poll
+
+
+def _discover_profile(backend: GpuBackend) -> list[Device]:
+    devices, errors = rediscover(backend)
+    log_errors(errors)
+    return devices
 
 
 def watcher_for(
@@ -191,8 +241,11 @@ def watcher_for(
     listener: Listener,
     rediscover_interval_s: float | None,
     mig_dynamic: bool = False,
+    urgent: Callable[[], bool] = _never,
 ) -> Watcher | None:
-    """What keeps the inventory fresh (a profile file's watcher, NVML's), or None."""
+    """What keeps the inventory fresh (a profile file's watcher, NVML's), or None.
+
+    ``urgent``: when to discover at once (the health monitor's ``wants_rediscovery``)."""
     how = platform.rediscovery(rediscover_interval_s)
     if how is None:
         return None
@@ -200,7 +253,8 @@ def watcher_for(
         backend_poll(backend, reported=errors)
         if how.changed_file is None
         else file_poll(
-            how.changed_file, lambda: discover(backend_for(platform, mig_dynamic=mig_dynamic))
+            how.changed_file,
+            lambda: _discover_profile(backend_for(platform, mig_dynamic=mig_dynamic)),
         )
     )
     return Watcher(
@@ -210,4 +264,5 @@ def watcher_for(
         interval_s=how.interval_s,
         confirm=how.confirm,
         what=how.what,
+        urgent=urgent,
     )

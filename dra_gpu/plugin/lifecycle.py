@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dra_gpu.errors import UserError
-from dra_gpu.plugin import current_devices, health_monitor, inventory, node_plugin
+from dra_gpu.plugin import current_devices, driver_outage, health_monitor, inventory, node_plugin
 from dra_gpu.plugin import settings as plugin_settings
 
 if TYPE_CHECKING:
@@ -95,6 +95,9 @@ class KubeletPlugin:
                 observe=self.measured.nvml_call if self.measured is not None else None,
                 mig_dynamic=settings.mig_mode == "dynamic",
             )
+            driver_probe = platform.driver(
+                observe=self.measured.nvml_call if self.measured is not None else None
+            )
             devices, discovery_errors = inventory.discover_with_errors(backend)
             inventory.log_errors(discovery_errors)
             client = connect(settings.kubeconfig)
@@ -126,6 +129,9 @@ class KubeletPlugin:
             devices=devices,
             plugin=plugin,
             published=_published_slices(store),
+            driver_probe=driver_probe,
+            rediscovers=platform.rediscovery(settings.rediscover_interval_s) is not None,
+            on_driver=self._driver_changed,
         )
         self._devices.subscribe(self._devices_changed)
         self._serve_metrics()
@@ -178,6 +184,7 @@ class KubeletPlugin:
         from dra_gpu.prepare import device_status
 
         assert self._plugin is not None and self._devices is not None
+        assert self._monitor is not None
         settings = self.settings
         source = events.component(settings.driver_name)
         self._events = poster = events.EventPoster(client)
@@ -187,6 +194,7 @@ class KubeletPlugin:
             client=client,
             inventory=self._devices.by_name,
             poster=poster,
+            driver_gate=self._monitor.refusal,
         )
         with self._plugin.exclusive():
             state.start()  # restore: roll back or finish what a crash left, rebuild CDI specs
@@ -228,6 +236,7 @@ class KubeletPlugin:
             listener=self._devices.set,
             rediscover_interval_s=self.settings.rediscover_interval_s,
             mig_dynamic=self.settings.mig_mode == "dynamic",
+            urgent=self._monitor.wants_rediscovery,  # the driver is back: its devices now
         )
         if watcher is not None:
             watcher.start(self._plugin.stop_event)
@@ -267,6 +276,32 @@ class KubeletPlugin:
         self._monitor.set_devices(new, in_use=state.prepared_devices() if state else None)
         if self.measured is not None:
             self.measured.rediscovery_changes.inc()
+
+    def _driver_changed(self, change: driver_outage.Change) -> None:
+        """The driver went out or came back (the health monitor's thread): an Event on the
+        Node (queued, posted by the Event poster's thread) and /metrics."""
+        from dra_gpu.kubeletplugin import events
+
+        if self.measured is not None:
+            if isinstance(change, driver_outage.Began):
+                self.measured.driver_outage_began()
+            else:
+                self.measured.driver_outage_ended(change.seconds)
+        if self._events is None:  # before the prepare side (start-up): the log has it
+            return
+        reason, message = driver_outage.describe(change)
+        node = self.settings.node_name
+        self._events.post(
+            events.warning_event(
+                {"kind": "Node", "name": node, "uid": node},
+                namespace="default",
+                reason=reason,
+                message=message,
+                host=node,
+                source=events.component(self.settings.driver_name),
+                event_type="Warning" if isinstance(change, driver_outage.Began) else "Normal",
+            )
+        )
 
     def _published_devices(self) -> list[tuple[str, str]]:
         """(type, health) of each published device, for /metrics."""
@@ -341,6 +376,7 @@ def device_state(
     client: KubeClient,
     inventory: Callable[[], Mapping[str, Device]],
     poster: EventPoster,
+    driver_gate: Callable[[], str | None] | None = None,
 ) -> DeviceState:
     """The prepare/unprepare state of this node (:class:`KubeletPlugin` restores it before
     serving it).
@@ -371,6 +407,7 @@ def device_state(
             else contextlib.nullcontext
         ),
         mig=dynamic_mig(settings, platform),
+        driver_gate=driver_gate,
     )
 
 

@@ -8,6 +8,7 @@ what                        :class:`NvmlPlatform`                  :class:`Simul
 ==========================  =====================================  ===============================
 discovery (``backend``)     NVML under the driver root             the profile (name or file)
 re-discovery (``poll``)     NVML every ``--rediscover-interval``   the profile file when it changes
+the driver (``driver``)     NVML's init and versions               the profile's ``driverLoaded``
 CDI node facts              driver files, MIG capability devices   ``/dev/null`` stand-ins
 sharing commands            run (``nvidia-smi``, MPS control)      recorded in the state dir
 dynamic MIG instances       created through NVML                   kept in the state dir
@@ -25,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol
 
-from dra_gpu.devices.model import GpuBackend
+from dra_gpu.devices.model import DriverStatus, GpuBackend
 from dra_gpu.errors import UserError
 
 if TYPE_CHECKING:
+    from dra_gpu.devices.simulated import SimulatedBackend
     from dra_gpu.devices.usage import UsageSampler
     from dra_gpu.mig.instances import MigInstances
     from dra_gpu.prepare.node_facts import NodeFacts
@@ -41,6 +43,8 @@ class InventoryError(UserError, RuntimeError):
 
 # (NVML function, seconds, outcome), for the metrics of NVML calls.
 NvmlObserver = Callable[[str, float, str], None]
+# The kernel driver now; None when that cannot be told (a profile file being rewritten).
+DriverProbe = Callable[[], DriverStatus | None]
 NVML_CALL_TIMEOUT_S = 10.0
 PROFILE_FILE_POLL_S = 1.0  # a demo or a test edits the file and expects the slices to follow
 
@@ -67,6 +71,10 @@ class Platform(Protocol):
 
     def rediscovery(self, rediscover_interval_s: float | None) -> Rediscovery | None:
         """How re-discovery runs, or None when the devices cannot change."""
+        ...
+
+    def driver(self, *, observe: NvmlObserver | None = None) -> DriverProbe:
+        """What looks at the kernel driver (the health monitor, every few seconds)."""
         ...
 
     def node_facts(self) -> NodeFacts: ...
@@ -106,6 +114,14 @@ class NvmlPlatform:
         return nvml.NvmlBackend(
             driver_root=self.driver_root, call_timeout_s=self.nvml_timeout_s, observe=observe
         )
+
+    def driver(self, *, observe: NvmlObserver | None = None) -> DriverProbe:
+        from dra_gpu.devices import nvml
+
+        # A backend of its own: a look at the driver never waits behind a discovery pass.
+        return nvml.NvmlBackend(
+            driver_root=self.driver_root, call_timeout_s=self.nvml_timeout_s, observe=observe
+        ).driver_status
 
     def rediscovery(self, rediscover_interval_s: float | None) -> Rediscovery | None:
         if not rediscover_interval_s:
@@ -162,6 +178,9 @@ class SimulatedPlatform:
         return None if self.profile in simulated.BUILTIN_PROFILES else Path(self.profile)
 
     def backend(self, *, observe: NvmlObserver | None = None) -> GpuBackend:
+        return self._backend()
+
+    def _backend(self) -> SimulatedBackend:
         from dra_gpu.devices import profiles, simulated
 
         try:
@@ -169,6 +188,19 @@ class SimulatedPlatform:
         except simulated.ProfileError as err:
             raise InventoryError(str(err)) from err
         return simulated.SimulatedBackend(profile=profile, node_name=self.node_name)
+
+    def driver(self, *, observe: NvmlObserver | None = None) -> DriverProbe:
+        """The profile's driver, read again at each look (a test or the demo rewrites the file
+        to unload the driver and load another version)."""
+
+        def status() -> DriverStatus | None:
+            try:
+                backend = self._backend()
+            except InventoryError:  # a file half written, or broken: no news of the driver
+                return None
+            return backend.driver_status()
+
+        return status
 
     def rediscovery(self, rediscover_interval_s: float | None) -> Rediscovery | None:
         path = self.profile_file

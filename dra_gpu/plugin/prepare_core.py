@@ -18,7 +18,7 @@ from dra_gpu.kubeletplugin.events import EventPoster
 from dra_gpu.plugin.platforms import Platform
 from dra_gpu.prepare import claims
 from dra_gpu.prepare.sharing.applied import Sharing, Switches
-from dra_gpu.prepare.state import CallLock, DeviceState, StateSettings
+from dra_gpu.prepare.state import CallLock, DeviceState, DriverGate, StateSettings
 
 if TYPE_CHECKING:
     from dra_gpu.mig.dynamic import DynamicMig
@@ -37,6 +37,7 @@ def make_state(
     call_lock: CallLock,
     sharing: Switches,
     mig: DynamicMig | None = None,
+    driver_gate: DriverGate | None = None,
 ) -> DeviceState:
     """The prepare handler as the plugin process runs it: claims read from the API server,
     node warnings posted as Events by ``poster``.
@@ -60,4 +61,5 @@ def make_state(
         call_lock=call_lock,
         sharing=Sharing(runner=platform.runner(state_dir), state_dir=state_dir, switches=sharing),
         mig=mig,
+        driver_gate=driver_gate or (lambda: None),
     )

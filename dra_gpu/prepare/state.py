@@ -4,8 +4,10 @@ Prepare, per claim (claims of one call are independent: each gets its own result
 
 1. A claim already ``PrepareCompleted`` in the checkpoint gets the recorded answer again
    (idempotent, and no API call, so a repeated prepare works while the API server is down).
-2. Fetch the claim (:class:`ClaimFetcher`), plan it (:func:`plan.plan_claim`: UID, allocation,
-   driver, pool, devices, config) and build its CDI spec: all pure, nothing written yet.
+2. While the GPU driver is out (``driver_gate``: an upgrade unloaded it), fail at once naming
+   it (:class:`DriverUnavailable`; the kubelet retries). Else fetch the claim
+   (:class:`ClaimFetcher`), plan it (:func:`plan.plan_claim`: UID, allocation, driver, pool,
+   devices, config) and build its CDI spec: all pure, nothing written yet.
 3. Only when the prepare changes something outside the plugin's files (sharing switched on, or
    a dynamic MIG device to create): record ``PrepareStarted`` (refused if a device is held by
    another claim and not shared), create the MIG device, apply the sharing settings
@@ -119,11 +121,20 @@ class ClaimFetcher(Protocol):
 Inventory = Callable[[], Mapping[str, Device]]
 Fault = Callable[[str], None]
 Report = Callable[[str, str], None]  # (reason, message): a warning about this node
+DriverGate = Callable[[], str | None]  # why new claims wait for the GPU driver now, or None
 CallLock = Callable[[], AbstractContextManager[object]]  # held around each call's transaction
 
 
 def _no_fault(step: str) -> None:
     return None
+
+
+def _driver_loaded() -> str | None:
+    return None
+
+
+class DriverUnavailable(UserError, RuntimeError):
+    """The GPU driver is out (an upgrade in progress): a new claim waits; the kubelet retries."""
 
 
 def _log_report(reason: str, message: str) -> None:
@@ -207,8 +218,12 @@ class DeviceState:
         call_lock: CallLock = contextlib.nullcontext,
         sharing: Sharing | None = None,
         mig: DynamicMig | None = None,
+        driver_gate: DriverGate = _driver_loaded,
     ) -> None:
         self.settings = settings
+        # The health monitor's ``refusal``: while the driver is out, new claims fail at once
+        # naming it (claims already prepared are answered from their records).
+        self._driver_gate = driver_gate
         # Time-slicing and MPS applied to the GPUs (prepare.sharing); off unless switched on.
         self._sharing = sharing or Sharing.off(settings.state_dir)
         self._mig = mig  # dynamic MIG: instances created by prepare (docs/dynamic-mig.md)
@@ -291,6 +306,9 @@ class DeviceState:
                         if problems:
                             raise cdi.CDIError(problems[0])
                     return PrepareResult(devices=records.prepared_devices(record))
+                refused = self._driver_gate()
+                if refused is not None:
+                    raise DriverUnavailable(f"claim {ref}: {refused}")
                 if fetched.error is not None:
                     raise fetched.error
                 # Not read when it was prepared; unprepared since (by the other instance):

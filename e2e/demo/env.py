@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from e2e import binaries, helm, procs, supervisor
 from e2e.cluster import Cluster
+from e2e.demo import driver_profile
 from e2e.driver import (
     ManagedProcess,
     PluginProcess,
@@ -73,6 +74,9 @@ DYNAMIC_MIG_FLAGS = ("--mig-mode", "dynamic")
 # those examples find its GPUs free.
 SHARES_NODE = "demo-h200-shared"
 SHARES_FLAGS = ("--consumable-shares", "memory")
+# demo-h200-shared's driver is upgraded at the end of the demo (``e2e.demo.driver_upgrade``): its
+# plugin runs on a profile file with the GPUs of ``h200x8`` (``e2e.demo.driver_profile``).
+DRIVER_UPGRADE_NODE = SHARES_NODE
 NODE_PROFILES = {
     "demo-h200": "h200x8",
     "demo-a100": "a100x4-mig",
@@ -122,6 +126,7 @@ class NodeInfo:
     on_purpose: bool = False  # simulated because real nodes were turned off, not for a failure
     state_dir: str = ""  # the plugin's state directory (its health command file is there)
     metrics_url: str = ""  # the plugin's /metrics (GPU telemetry, what dra-gpu top reads)
+    profile_file: str = ""  # the profile file the plugin runs on, when not a built-in profile
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,7 @@ class Environment:
         on_purpose = mode == "no"
         for name, profile in NODE_PROFILES.items():
             real = False
+            profile = self._profile_file(name, profile)
             self.metrics_ports[name] = _free_port()
             extra = (*NODE_FLAGS.get(name, ()), *telemetry_flags(self.metrics_ports[name]))
             if mode in ("auto", "yes") and not note:
@@ -221,6 +227,16 @@ class Environment:
                 self._simulated_node(name, profile, note, note_log, on_purpose, extra=extra)
         self._wait_published()
         self._register_webhook()
+
+    def _profile_file(self, name: str, profile: str) -> str:
+        """The driver-upgrade node's plugin runs on a file with its built-in profile's GPUs,
+        which the demo's last step rewrites (``e2e.demo.driver_upgrade``); others on the name."""
+        if name != DRIVER_UPGRADE_NODE:
+            return profile
+        path = driver_profile.profile_path(self.workdir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        driver_profile.write_profile(path)
+        return str(path)
 
     def _try_real_node(
         self, name: str, profile: str, *, required: bool, extra: tuple[str, ...] = ()
@@ -282,10 +298,12 @@ class Environment:
         on_purpose: bool = False,
     ) -> None:
         self.plugins[name] = plugin
+        shown = Path(profile).stem if profile.endswith(".yaml") else profile
         self.infos.append(
             NodeInfo(
                 name=name,
-                profile=profile,
+                profile=shown,
+                profile_file=profile if shown != profile else "",
                 real=real,
                 dra_socket=str(plugin.dirs.data / "dra.sock"),
                 cdi_root=str(plugin.dirs.cdi_root),

@@ -17,8 +17,12 @@
    (``e2e.demo.sharing``: the ``nvidia-smi`` commands recorded at prepare, and after its pod is
    deleted the reset), and the consumable-shares example (``e2e.demo.shares``: two claims by
    memory on one GPU, each row with its shareID and consumed memory);
-4. prints the table pod → claim → node → device → what the container saw, the telemetry
-   section (``dra-gpu top`` and the ``GpuIdle`` Events), and how to explore and tear down.
+4. upgrades ``demo-h200-shared``'s driver, 580.159.04 -> 590.48.01 (``e2e.demo.driver_upgrade``: the
+   taint during the reload, a prepare refused with the reason, the new version published, the
+   taint gone, the prepared claims' specs and records unchanged);
+5. prints the table pod → claim → node → device → what the container saw, the driver upgrade,
+   the telemetry section (``dra-gpu top`` and the ``GpuIdle`` Events), and how to explore and
+   tear down.
    When a real node did not start, the table's heading and the last lines say so, why, and
    which log tells more; nodes simulated on purpose are named in one last line. Everything
    stays up until ``python -m e2e.demo down``.
@@ -40,6 +44,7 @@ from kubernetes.client import ApiException
 
 from e2e import supervisor
 from e2e.cluster import SIMULATED_TOLERATION
+from e2e.demo import driver_upgrade as demo_driver_upgrade
 from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
 from e2e.demo import shares as demo_shares
@@ -367,8 +372,10 @@ def cmd_run(_: argparse.Namespace) -> int:
     rows += watched
     _err("[demo] reading GPU telemetry: dra-gpu top and the GpuIdle Events")
     telemetry = demo_telemetry.section(demo_telemetry.observe(kube, state))
+    _err(f"[demo] upgrading {demo_driver_upgrade.NODE}'s driver: 580.159.04 -> 590.48.01")
+    upgrade = demo_driver_upgrade.run(kube, state)
     print()
-    print(result_text(state, rows, [telemetry]))
+    print(result_text(state, rows, [upgrade, telemetry]))
     return 0
 
 

@@ -91,7 +91,7 @@ def test_a_gpu_error_is_logged_when_it_starts_and_when_it_ends(
 
 
 def test_an_unusable_discovery_keeps_the_last_inventory(caplog: pytest.LogCaptureFixture) -> None:
-    def broken() -> Sequence[Device]:
+    def broken(force: bool) -> Sequence[Device]:
         raise inventory.InventoryError("NVML library not found")
 
     heard = Heard()
@@ -106,7 +106,7 @@ def test_an_unusable_discovery_keeps_the_last_inventory(caplog: pytest.LogCaptur
 def test_an_unexpected_error_does_not_end_the_watch(caplog: pytest.LogCaptureFixture) -> None:
     answers: list[Sequence[Device] | Exception] = [RuntimeError("NVML: Unknown Error"), ALL[:7]]
 
-    def poll() -> Sequence[Device]:
+    def poll(force: bool) -> Sequence[Device]:
         answer = answers.pop(0) if answers else ALL[:7]
         if isinstance(answer, Exception):
             raise answer
@@ -132,11 +132,86 @@ def test_a_profile_file_is_read_again_only_when_it_changed(tmp_path: Path) -> No
     path.write_text("gpus:\n  - product: H200-141GB\n    count: 2\n")
     platform = platforms.for_node(simulate=str(path), node_name="n")
     poll = inventory.file_poll(path, lambda: inventory.discover(inventory.backend_for(platform)))
-    assert poll() is None
+    assert poll(False) is None
     path.write_text("gpus:\n  - product: H200-141GB\n    count: 3  # one more\n")
-    devices = poll()
+    devices = poll(False)
     assert devices is not None and [d.name for d in devices] == ["gpu-0", "gpu-1", "gpu-2"]
-    assert poll() is None
+    assert poll(False) is None
+    forced = poll(True)  # the driver is back: discovered though the file did not change
+    assert forced is not None and [d.name for d in forced] == ["gpu-0", "gpu-1", "gpu-2"]
+
+
+class Unloaded:
+    """A backend whose driver is unloaded: NVML as a whole fails, no GPU is read."""
+
+    def discover(self) -> Discovery:
+        message = "NVML could not be initialised: nvmlInit: Driver Not Loaded"
+        return Discovery(gpus=(), errors=(DiscoveryError(None, message),))
+
+
+def test_an_unloaded_driver_keeps_the_devices_published(caplog: pytest.LogCaptureFixture) -> None:
+    heard = Heard()
+    watcher = inventory.Watcher(
+        poll=inventory.backend_poll(Unloaded()),
+        listener=heard,
+        current=ALL,
+        interval_s=1.0,
+        confirm=2,
+        what="NVML inventory",
+    )
+    assert [watcher.check() for _ in range(3)] == [False] * 3
+    assert heard.calls == []  # not an empty inventory: the devices stay (tainted by the monitor)
+    assert "Driver Not Loaded; the last inventory stays published" in caplog.text
+
+
+def test_a_profile_file_with_the_driver_unloaded_keeps_the_devices(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text("gpus:\n  - product: H200-141GB\n    count: 2\n")
+    platform = platforms.for_node(simulate=str(path), node_name="n")
+    heard = Heard()
+    watcher = inventory.watcher_for(
+        platform,
+        backend=inventory.backend_for(platform),
+        current=ALL[:2],
+        errors=(),
+        listener=heard,
+        rediscover_interval_s=None,
+    )
+    assert watcher is not None
+    path.write_text("driverLoaded: false\ngpus:\n  - product: H200-141GB\n    count: 2\n")
+    assert watcher.check() is False
+    assert heard.calls == []
+
+
+def test_an_urgent_check_tells_the_listener_even_without_a_change() -> None:
+    heard = Heard()
+    watcher = nvml_watcher(ScriptedBackend(8, 8), heard)
+    assert watcher.check() is False  # the same devices: nothing to tell
+    assert watcher.check(urgent=True) is True  # the driver is back: tell, changed or not
+    assert heard.calls == [[d.name for d in ALL]]
+
+
+def test_the_watch_discovers_at_once_when_urgent() -> None:
+    heard = Heard()
+    stop = threading.Event()
+    urgent = threading.Event()  # the monitor's "the driver is back"
+    watcher = inventory.Watcher(
+        poll=lambda force: ALL if force else None,
+        listener=heard,
+        current=ALL,
+        interval_s=3600.0,  # the regular pass never comes during the test
+        what="NVML inventory",
+        urgent=urgent.is_set,
+    )
+    thread = watcher.start(stop)
+    try:
+        assert heard.calls == []
+        urgent.set()
+        waiting.wait_for("the urgent discovery", lambda: heard.calls, timeout=10, every=0.05)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert heard.calls[0] == [d.name for d in ALL]
 
 
 @pytest.mark.parametrize(
