@@ -123,6 +123,8 @@ class Kit:
             dra=self._paths.dra, registration_socket=self._paths.registration
         )
         self._healthz: healthz.HealthzServer | None = None
+        # The driver's own reasons to be restarted (``watch_liveness``); set before serving.
+        self._live_checks: list[healthz.Check] = []
         self._serving = False
         self._registered = threading.Event()
 
@@ -166,10 +168,16 @@ class Kit:
             return "ResourceSlices not published yet"
         return None
 
+    def watch_liveness(self, check: healthz.Check) -> None:
+        """Add a driver's reason to fail liveness (``/healthz``), so the kubelet restarts the
+        plugin: for a state only a new process gets out of. Called before serving."""
+        self._live_checks.append(check)
+
     def problem(self) -> str | None:
         """Why the plugin is not healthy, or None (liveness, /healthz): started and published,
-        and both sockets answer a real call now."""
-        return self._state_problem() or self._probes.problem()
+        the driver's checks pass, and both sockets answer a real call now."""
+        own = next((p for p in (check() for check in self._live_checks) if p), None)
+        return self._state_problem() or own or self._probes.problem()
 
     def _follow_health(self) -> None:
         """Set grpc.health.v1 to what ``_state_problem`` says now.

@@ -121,6 +121,21 @@ def _ended(back: Back, now: float) -> tuple[State, Ended]:
     return Loaded(back.version, back.cuda_version), ended
 
 
+def restart_needed(state: State) -> str | None:
+    """Why the plugin must restart to use the driver again, or None (its liveness check).
+
+    NVML's library is loaded once per process: after an upgrade the library this process loaded
+    is the old one, and against the new kernel module every ``nvmlInit`` answers "NVML/RM version
+    mismatch" for as long as the process lives. The pod's restart mounts and loads the new one
+    (the kubelet restarts it when ``/healthz`` fails)."""
+    if isinstance(state, Out) and "version mismatch" in state.reason.lower():
+        return (
+            f"the NVML library this process loaded does not match the kernel driver loaded now "
+            f"({state.reason}): restarting loads the new one"
+        )
+    return None
+
+
 def fault(state: State) -> Fault | None:
     """The taint every device carries while the driver is out or back (not re-discovered)."""
     if isinstance(state, Loaded):

@@ -133,6 +133,8 @@ class KubeletPlugin:
             rediscovers=platform.rediscovery(settings.rediscover_interval_s) is not None,
             on_driver=self._driver_changed,
         )
+        monitor = self._monitor
+        plugin.watch_liveness(lambda: driver_outage.restart_needed(monitor.driver_state))
         self._devices.subscribe(self._devices_changed)
         self._serve_metrics()
         log.info(

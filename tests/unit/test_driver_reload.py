@@ -176,6 +176,20 @@ def test_nvml_says_the_driver_is_not_loaded() -> None:
     assert fake.calls[-1] == "nvmlShutdown"  # initialised, so shut down again
 
 
+def test_a_library_older_than_the_loaded_driver_fails_liveness_so_the_pod_restarts() -> None:
+    """After a real upgrade the process keeps the old NVML library: only a restart loads the
+    new one, so /healthz fails then (and not while the modules are merely out)."""
+    fake = FakeNvml([FakeGpu(index=0, minor=0)])
+    fake.fail[("nvmlInit", None)] = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+    mismatch = NvmlBackend(nvml=fake).driver_status()
+    state, _ = driver_outage.look(Loaded(OLD.version, OLD.cuda_version), mismatch, now=T0)
+    why = driver_outage.restart_needed(state)
+    assert why is not None and "version mismatch" in why and "restart" in why
+    out, _ = driver_outage.look(Loaded(OLD.version, OLD.cuda_version), GONE, now=T0)
+    assert driver_outage.restart_needed(out) is None  # modules out: wait, do not restart
+    assert driver_outage.restart_needed(Loaded(NEW.version, NEW.cuda_version)) is None
+
+
 PROFILE = (
     'driverVersion: "{version}"\ncudaDriverVersion: "{cuda}"\ndriverLoaded: {loaded}\n'
     "gpus:\n  - product: H200-141GB\n"

@@ -585,3 +585,16 @@ def test_a_socket_accepts_only_while_its_server_listens(tmp_path: Path) -> None:
     assert path.is_socket() and not sockets.accepts(path)
     (tmp_path / "plain").write_text("")
     assert not sockets.accepts(tmp_path / "plain")
+
+
+def test_a_drivers_liveness_check_fails_healthz_naming_its_reason(
+    start_plugin: Any, short_root: Path
+) -> None:
+    """The kit's liveness carries the driver's own reason to be restarted (a driver upgraded
+    under the plugin: driver_outage.restart_needed), so the kubelet restarts the pod."""
+    plugin = start_plugin()
+    reason: list[str] = []
+    plugin.watch_liveness(lambda: reason[0] if reason else None)
+    assert plugin.problem() is None
+    reason.append("the NVML library this process loaded does not match the kernel driver")
+    assert plugin.problem() == reason[0]
