@@ -269,6 +269,7 @@ def table(ours: Figures, theirs: Figures) -> str:
 
     def med(samples: Sequence[float]) -> list[float]:
         return [statistics.median(samples)] if samples else []
+
     return "\n".join(
         [
             "| figure | dra-gpu | Go example | ratio |",
