@@ -23,10 +23,12 @@ demo: $(STAMP)
 demo-gpu: $(STAMP)
 	$(PY) -m e2e.gpu.demo
 
+# CI=true: an unexpected skip fails the run; only tests that need an NVIDIA GPU may skip
+# (tests/ci_skips.py).
 test: $(STAMP)
 	$(MAKE) lint typecheck
 	$(MAKE) e2e-deployed
-	$(PY) -m pytest
+	CI=true $(PY) -m pytest
 
 # The driver deployed as users deploy it: image from the Dockerfile (docker build), chart
 # installed with helm on real kubelet + containerd nodes, the scenario suite, an upgrade, an
