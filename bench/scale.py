@@ -2,7 +2,7 @@
 
 Usage: ``.venv/bin/python bench/scale.py [--nodes 100]
 [--layouts static,minimal,mig,dynamic-mig,consumable] [--pods K] [--rate 50] [--steady-s 60]
-[--workers 2]``
+[--workers 2] [--allow-partial]``
 
 Set-up, once for all layouts (so their figures are comparable): the harness's etcd, API server,
 scheduler and controller-manager (``e2e.cluster.Cluster``; the controller-manager's and
@@ -40,7 +40,9 @@ Per layout (``bench/scale_layouts.py``), in the order given:
    layout.
 
 Prints one table (a row per figure, a column per layout) and ends with a line per layout
-``LAYOUT: N pods in S s, R pods/s``.
+``LAYOUT: N pods in S s, R pods/s``. A layout that stopped (the memory guard, a publish timeout, a
+worker that died) prints ``not measured: <why>`` for each figure it did not reach, never a zero,
+and the run exits 1 unless ``--allow-partial``.
 """
 
 from __future__ import annotations
@@ -663,10 +665,11 @@ class Figures:
     devices_per_node: int = 0
     slices_per_node: int = 0
     kib_per_node: float = 0.0
-    publish_s: float = 0.0
-    republish_s: float = 0.0
-    rewrites: int = 0
-    cold_calls: dict[str, float] = field(default_factory=dict)  # per node
+    # None: not measured (the layout stopped before it); a figure is never a default zero.
+    publish_s: float | None = None
+    republish_s: float | None = None
+    rewrites: int | None = None
+    cold_calls: dict[str, float] | None = None  # per node
     before: Memory | None = None
     after: Memory | None = None
     steady_all: dict[tuple[str, ...], float] = field(default_factory=dict)
@@ -674,8 +677,8 @@ class Figures:
     watches: float = 0.0
     watches_slices: float = 0.0
     workload: Workload | None = None
-    explain_s: float = 0.0
-    load: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    explain_s: float | None = None
+    load: tuple[float, float, float] | None = None
     stopped: str | None = None
 
     @property
@@ -807,36 +810,58 @@ def _f(value: float, digits: int = 1) -> str:
     return "-" if value != value else f"{value:,.{digits}f}"
 
 
-def _cold(f: Figures) -> str:
+Cell = Callable[["Figures"], str | None]  # None: the figure was not measured
+
+
+def _opt(value: float | None, digits: int = 1) -> str | None:
+    return None if value is None else _f(value, digits)
+
+
+def _cold(f: Figures) -> str | None:
+    if f.cold_calls is None:
+        return None
     return ", ".join(f"{call} {n:.1f}" for call, n in sorted(f.cold_calls.items()))
 
 
-def _sum(values: Mapping[Any, float]) -> str:
-    return _f(sum(values.values()), 2) if values else "-"
+def _sum(values: Mapping[Any, float]) -> str | None:
+    return _f(sum(values.values()), 2) if values else None
 
 
-def _ours(call: str) -> Callable[[Figures], str]:
-    return lambda f: _f(f.steady_ours.get(call, 0.0), 2) if f.steady_ours else "-"
+def _ours(call: str) -> Cell:
+    return lambda f: _f(f.steady_ours.get(call, 0.0), 2) if f.steady_ours else None
 
 
-def _all(key: tuple[str, ...]) -> Callable[[Figures], str]:
-    return lambda f: _f(f.steady_all.get(key, 0.0), 2) if f.steady_all else "-"
+def _all(key: tuple[str, ...]) -> Cell:
+    return lambda f: _f(f.steady_all.get(key, 0.0), 2) if f.steady_all else None
+
+
+def not_measured(f: Figures) -> str:
+    """What a figure the run has no value for prints: why, for a layout that stopped; ``-`` for
+    one that finished (a figure not asked for: the steady state of a layout after the first)."""
+    if f.stopped:
+        return f"not measured: {f.stopped.strip().splitlines()[0]}"
+    return "-"
+
+
+def exit_status(figs: Sequence[Figures], *, allow_partial: bool) -> int:
+    """1 when a layout stopped (its figures are partial), unless ``--allow-partial``."""
+    return 1 if any(f.stopped for f in figs) and not allow_partial else 0
 
 
 def table(figs: Sequence[Figures], nodes: int) -> list[str]:
-    rows: list[tuple[str, Callable[[Figures], str]]] = [
+    rows: list[tuple[str, Cell]] = [
         ("devices / slices per node", lambda f: f"{f.devices_per_node} / {f.slices_per_node}"),
         ("slice JSON per node (KiB)", lambda f: _f(f.kib_per_node)),
-        ("publish all, cold start (s)", lambda f: _f(f.publish_s)),
-        ("publish all, restart (s)", lambda f: _f(f.republish_s)),
-        ("slices rewritten on restart", lambda f: str(f.rewrites)),
+        ("publish all, cold start (s)", lambda f: _opt(f.publish_s)),
+        ("publish all, restart (s)", lambda f: _opt(f.republish_s)),
+        ("slices rewritten on restart", lambda f: None if f.rewrites is None else str(f.rewrites)),
         ("cold start: our calls per node", _cold),
     ]
 
-    def mem(attr: str) -> Callable[[Figures], str]:
-        def cell(f: Figures) -> str:
+    def mem(attr: str) -> Cell:
+        def cell(f: Figures) -> str | None:
             if f.before is None or f.after is None:
-                return "-"
+                return None
             return _f(getattr(f.after, attr) - getattr(f.before, attr))
 
         return cell
@@ -848,20 +873,20 @@ def table(figs: Sequence[Figures], nodes: int) -> list[str]:
         ("etcd: db in use growth (MiB)", mem("etcd_in_use_mib")),
     ]
 
-    def wl(attr: str, digits: int = 1) -> Callable[[Figures], str]:
-        return lambda f: _f(getattr(f.workload, attr), digits) if f.workload else "-"
+    def wl(attr: str, digits: int = 1) -> Cell:
+        return lambda f: _f(getattr(f.workload, attr), digits) if f.workload else None
 
     rows += [
         (
             "pods bound / created",
-            lambda f: f"{f.workload.bound} / {f.workload.pods}" if f.workload else "-",
+            lambda f: f"{f.workload.bound} / {f.workload.pods}" if f.workload else None,
         ),
         ("pods/s (creation -> bound)", wl("pods_per_s")),
         ("pod created -> its claim created p50 (ms)", wl("claim_p50_ms", 0)),
         ("pod created -> allocated p50 (ms)", wl("alloc_p50_ms", 0)),
         ("pod created -> allocated p99 (ms)", wl("alloc_p99_ms", 0)),
         ("pod created -> bound p99 (ms)", wl("bound_p99_ms", 0)),
-        ("dra-gpu explain, whole cluster (s)", lambda f: _f(f.explain_s)),
+        ("dra-gpu explain, whole cluster (s)", lambda f: _opt(f.explain_s)),
         ("steady: all requests /node/min", lambda f: _sum(f.steady_all)),
         ("steady: our publishers' /node/min", lambda f: _sum(f.steady_ours)),
     ]
@@ -876,15 +901,20 @@ def table(figs: Sequence[Figures], nodes: int) -> list[str]:
     rows += [
         (
             "open watches: all / resourceslices",
-            lambda f: f"{f.watches:.0f} / {f.watches_slices:.0f}" if f.steady_all else "-",
+            lambda f: f"{f.watches:.0f} / {f.watches_slices:.0f}" if f.steady_all else None,
         ),
-        ("load average at the end (1 min)", lambda f: _f(f.load[0], 2)),
+        ("load average at the end (1 min)", lambda f: _opt(f.load[0] if f.load else None, 2)),
         ("stopped", lambda f: f.stopped or "no"),
     ]
+
+    def shown(f: Figures, cell: Cell) -> str:
+        value = cell(f)
+        return not_measured(f) if value is None else value
+
     head = f"| {nodes} nodes | " + " | ".join(f"`{f.run.label}`" for f in figs) + " |"
     lines = [head, "|" + "---|" * (len(figs) + 1)]
     lines += ["| layout | " + " | ".join(f.layout.summary for f in figs) + " |"]
-    lines += [f"| {label} | " + " | ".join(cell(f) for f in figs) + " |" for label, cell in rows]
+    lines += [f"| {label} | " + " | ".join(shown(f, c) for f in figs) + " |" for label, c in rows]
     return lines
 
 
@@ -916,7 +946,7 @@ def closing_lines(figs: Sequence[Figures], layouts: Sequence[sl.Layout]) -> list
     for name, f in picked.items():
         w = f.workload
         if w is None:
-            lines.append(f"{name}: 0 pods in 0 s, stopped: {f.stopped}")
+            lines.append(f"{name}: {not_measured(f)}")
             continue
         line = f"{name}: {w.bound} pods in {w.seconds:.1f} s, {w.pods_per_s:.1f} pods/s"
         if several:
@@ -994,6 +1024,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="stop a layout's publishers when the machine's available memory falls below this",
     )
     parser.add_argument("--keep-workdir", action="store_true")
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="exit 0 even when a layout stopped (its figures print `not measured: <why>`)",
+    )
     args = parser.parse_args(argv)
     layouts = sl.parse_layouts(args.layouts)
     if args.repeat < 1:
@@ -1078,7 +1113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
         print(f"logs in {workdir}", file=sys.stderr)
-    return 0
+    stopped = [f.run.label for f in figs if f.stopped]
+    if stopped:
+        print(f"stopped, figures partial: {', '.join(stopped)}", file=sys.stderr)
+    return exit_status(figs, allow_partial=args.allow_partial)
 
 
 if __name__ == "__main__":

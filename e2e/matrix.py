@@ -7,10 +7,17 @@ containerd nodes, the driver, every scenario of ``e2e/scenarios/``) runs with
 ``DRA_GPU_K8S_VERSION`` set, one version after the other. Each run's JUnit report gives one
 outcome per scenario; the table (version x scenario) ends with ``N passed, N failed``.
 
+Each cell's verdict (:func:`verdict`): ``passed``; ``FAILED``; ``refused`` only where the version
+lacks the feature for a known, named reason (:data:`e2e.suite.needs.KNOWN_GATES`: the skip names
+a feature gate of the table and the version is older than the first that serves it); any other
+cell that ran nothing (a skip for another reason, e.g. no root for the real nodes, or a scenario
+the report lacks) is ``NOT RUN``, with the reason. The exit status is non-zero on any FAILED or
+NOT RUN cell.
+
 ``--docs FILE`` replaces the block between :data:`BEGIN` and :data:`END` in FILE with the table,
 the date, the commit and each version's recorded cold build time, so the docs keep the last
-result. A scenario skipped by the suite (a feature the version lacks, refused with the reason)
-counts as refused, not passed.
+result; only from a run with no FAILED and no NOT RUN cell (otherwise the file is left as it is
+and the run says so).
 
 Not part of ``make test``: four versions' builds and runs take hours on a small machine.
 """
@@ -29,20 +36,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e import binaries, procs
+from e2e.suite.needs import known_refusal
 
 VERSIONS = ("v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2")
 ROOT = Path(__file__).resolve().parent.parent
 SUITE_TEST = "tests/node/test_scenarios.py"
 BEGIN = "<!-- matrix:begin -->"
 END = "<!-- matrix:end -->"
-PASSED, FAILED, REFUSED = "passed", "FAILED", "refused"
+PASSED, FAILED, REFUSED, NOT_RUN = "passed", "FAILED", "refused", "NOT RUN"
+REFUSED_PREFIX = "refused: "  # tests/node/test_scenarios.py's skip for needs.Refused
 RUN_TIMEOUT_S = 3600.0
 
 
 @dataclass(frozen=True)
 class Outcome:
-    status: str  # PASSED, FAILED or REFUSED
-    detail: str = ""  # the failure's first line, or the reason it was refused
+    status: str  # PASSED, FAILED, REFUSED or NOT_RUN
+    detail: str = ""  # the failure's first line, or the reason it was refused or not run
 
 
 Results = Mapping[str, Mapping[str, Outcome]]  # version -> scenario -> outcome
@@ -60,8 +69,22 @@ def _scenario_of(case: ET.Element) -> str:
     return name[name.index("[") + 1 : -1] if "[" in name and name.endswith("]") else name
 
 
-def parse_junit(text: str) -> dict[str, Outcome]:
-    """Scenario -> outcome from a pytest JUnit report of ``test_scenarios.py``."""
+def skip_verdict(version: str, message: str) -> Outcome:
+    """A skipped scenario on ``version``: ``refused`` where the suite refused it for a known,
+    named reason that this version has (:func:`e2e.suite.needs.known_refusal`), else NOT RUN
+    with the skip's reason."""
+    reason = message.strip()
+    if reason.startswith(REFUSED_PREFIX):
+        why = reason.removeprefix(REFUSED_PREFIX)
+        if known_refusal(version, why) is not None:
+            return Outcome(REFUSED, why)
+        return Outcome(NOT_RUN, f"refused for a reason not known for {version}: {why}")
+    return Outcome(NOT_RUN, f"skipped: {reason or '(no reason given)'}")
+
+
+def parse_junit(text: str, version: str) -> dict[str, Outcome]:
+    """Scenario -> outcome from a pytest JUnit report of ``test_scenarios.py`` run on
+    ``version``."""
     outcomes: dict[str, Outcome] = {}
     for case in ET.fromstring(text).iter("testcase"):
         bad = case.find("failure")
@@ -72,17 +95,26 @@ def parse_junit(text: str) -> dict[str, Outcome]:
             first = (bad.get("message") or bad.text or "").strip().splitlines()
             outcomes[_scenario_of(case)] = Outcome(FAILED, first[0] if first else "")
         elif skipped is not None:
-            reason = (skipped.get("message") or "").strip().removeprefix("refused: ")
-            outcomes[_scenario_of(case)] = Outcome(REFUSED, reason)
+            outcomes[_scenario_of(case)] = skip_verdict(version, skipped.get("message") or "")
         else:
             outcomes[_scenario_of(case)] = Outcome(PASSED)
     return outcomes
 
 
-def counts(results: Results) -> tuple[int, int, int]:
-    """(passed, failed, refused) over every cell."""
+def counts(results: Results) -> dict[str, int]:
+    """Cells per status (every status present, 0 where none)."""
     cells = [o.status for per in results.values() for o in per.values()]
-    return cells.count(PASSED), cells.count(FAILED), cells.count(REFUSED)
+    return {s: cells.count(s) for s in (PASSED, FAILED, NOT_RUN, REFUSED)}
+
+
+def green(results: Results) -> bool:
+    """Every cell passed or was refused for a known reason: the only run fit to keep."""
+    found = counts(results)
+    return found[FAILED] == 0 and found[NOT_RUN] == 0 and found[PASSED] > 0
+
+
+def exit_status(results: Results) -> int:
+    return 0 if green(results) else 1
 
 
 def table(results: Results, scenarios: Sequence[str]) -> str:
@@ -110,16 +142,17 @@ def notes(results: Results) -> list[str]:
 
 
 def complete(results: Results, scenarios: Sequence[str]) -> dict[str, dict[str, Outcome]]:
-    """Every scenario in every version: the ones a report lacks are FAILED (not run)."""
-    return {
-        v: {s: per.get(s, Outcome(FAILED, "not run (see the run's log)")) for s in scenarios}
-        for v, per in results.items()
-    }
+    """Every scenario in every version: the ones a report lacks are NOT RUN."""
+    missing = Outcome(NOT_RUN, "not in the run's report (see the run's log)")
+    return {v: {s: per.get(s, missing) for s in scenarios} for v, per in results.items()}
 
 
 def summary_line(results: Results) -> str:
-    passed, failed, refused = counts(results)
-    return f"{passed} passed, {failed} failed" + (f" ({refused} refused)" if refused else "")
+    found = counts(results)
+    line = f"{found[PASSED]} passed, {found[FAILED]} failed"
+    if found[NOT_RUN]:
+        line += f", {found[NOT_RUN]} not run"
+    return line + (f" ({found[REFUSED]} refused)" if found[REFUSED] else "")
 
 
 def build_seconds(version: str) -> str:
@@ -180,7 +213,9 @@ def run_version(version: str, out: Path) -> dict[str, Outcome]:
         "-p",
         "no:cacheprovider",
     ]
-    env = {**os.environ, "DRA_GPU_K8S_VERSION": version}
+    # CI=true would fail the run on the suite's refusals (tests/ci_skips.py); here every skip
+    # gets its verdict from this module instead.
+    env = {k: v for k, v in os.environ.items() if k != "CI"} | {"DRA_GPU_K8S_VERSION": version}
     started = time.monotonic()
     with open(out / "pytest.log", "w") as log:
         # Interrupted, pytest gets the time to take its real nodes down.
@@ -192,7 +227,7 @@ def run_version(version: str, out: Path) -> dict[str, Outcome]:
         f"[matrix] {version}: pytest exit {code} in {took / 60:.1f} min, log {out / 'pytest.log'}",
         flush=True,
     )
-    return parse_junit(junit.read_text()) if junit.is_file() else {}
+    return parse_junit(junit.read_text(), version) if junit.is_file() else {}
 
 
 def _git(*args: str) -> str:
@@ -225,18 +260,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         junit = args.out / version / "junit.xml"
         if args.reuse and junit.is_file():
             print(f"[matrix] {version}: the report of an earlier run, {junit}", flush=True)
-            return parse_junit(junit.read_text())
+            return parse_junit(junit.read_text(), version)
         return run_version(version, args.out / version)
 
     results = complete({v: outcome(v) for v in versions}, scenarios)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     block = report(results, scenarios, commit=_commit(), date=date)
     print(block, flush=True)
-    if args.docs is not None:
+    if args.docs is not None and green(results):
         args.docs.write_text(replace_block(args.docs.read_text(), block))
         print(f"[matrix] kept in {args.docs}")
+    elif args.docs is not None:
+        print(f"[matrix] {args.docs} left as it was: this run has failed or not-run cells")
     print(summary_line(results))
-    return 1 if counts(results)[1] else 0
+    return exit_status(results)
 
 
 if __name__ == "__main__":

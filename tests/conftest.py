@@ -4,6 +4,8 @@
   marked ``node``, so ``-m "not cluster and not node"`` selects the unit tier.
 - A unit test may not use the ``cluster`` fixture (collection fails with a clear message): the unit
   tier never starts processes.
+- In CI (``CI=true``) an unexpected skip fails the run (``tests/ci_skips.py``): only a test
+  that needs an NVIDIA GPU may skip there.
 - Missing binaries are built once, right after collection and only when a selected test needs
   them (the kubelet only for node tests), so a cold build is not counted against a test's timeout.
 - The ``cluster`` fixture is one control plane per session (``cluster_api``: an admin API
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `e2e` is not an installed package; make it importable
     sys.path.insert(0, str(ROOT))
 
+import ci_skips  # noqa: E402
 from collection_output import terminal_log  # noqa: E402
 
 from e2e import binaries, procs  # noqa: E402
@@ -42,6 +45,12 @@ TESTS = Path(__file__).resolve().parent
 TIER_MARKERS = {"cluster": "cluster", "node": "node"}  # tests/<dir>/ -> marker
 _harness_workdirs: list[Path] = []
 _failure_logs: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # CI=true: an unexpected skip fails the run (only tests that need an NVIDIA GPU may skip).
+    config.pluginmanager.register(ci_skips, "ci_skips")
+    config.pluginmanager.import_plugin("pytester")  # tests/unit/test_ci_skips.py runs pytest
 
 
 def _tier(item: pytest.Item) -> str | None:

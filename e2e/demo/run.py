@@ -275,7 +275,7 @@ def explore_text(state: DemoState) -> str:
         "Nodes:",
         *(
             f"  {n.name:9} {'real (kubelet + containerd)' if n.real else 'simulated (no kubelet)'}"
-            f", profile {n.profile}; plugin log {n.plugin_log}"
+            f", SIMULATED GPUs of profile {n.profile}; plugin log {n.plugin_log}"
             + (f"\n            {n.note}" if n.note else "")
             for n in state.nodes
         ),
@@ -315,20 +315,23 @@ def result_text(
     """What the demo ends with: the heading, the table, ``sections`` (each after a blank line),
     how to explore; when a real node did not start, the heading starts with why, and the last
     lines say it again (the table and the build output above may have scrolled the heading
-    away). Nodes simulated on purpose are named in one last line, with why, and no warning."""
+    away). Nodes simulated on purpose are named in one last line, with why, and no warning. The
+    very last line says the GPUs are simulated, on real nodes too."""
     simulated = [
         demo_view.Simulated(n.name, n.note, n.note_log, on_purpose=n.on_purpose)
         for n in state.nodes
         if not n.real
     ]
     some_real = len(simulated) < len(state.nodes)
-    head = demo_view.heading(simulated, some_real=some_real)
+    profiles = [n.profile for n in state.nodes]
+    head = demo_view.heading(simulated, some_real=some_real, profiles=profiles)
     last = [
         *demo_view.on_purpose_line(simulated),
         *demo_view.fallback_notice(simulated, some_real=some_real),
+        demo_view.simulated_gpus_line(profiles),
     ]
     parts = [head, demo_view.render_table(rows), *(f"\n{s}" for s in sections), explore_text(state)]
-    return "\n".join(parts + (["", *last] if last else []))
+    return "\n".join([*parts, "", *last])
 
 
 def _health_text(state: DemoState) -> list[str]:

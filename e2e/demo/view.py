@@ -120,7 +120,9 @@ class Row:
     source: str  # "log", "cdi", "admission" (refused, never ran) or "" when nothing was observed
 
 
-HEADERS = ("POD", "CLAIM", "NODE", "DEVICE", "WHAT THE CONTAINER SAW")
+# The demo's GPUs are simulated on every node (a "real" node is a real kubelet + containerd):
+# the heading, the columns and the last line say so, so that no one reads the table as hardware.
+HEADERS = ("POD", "CLAIM", "NODE", "DEVICE (SIMULATED)", "WHAT THE CONTAINER SAW (SIMULATED GPUS)")
 SOURCE_MARK = {"log": "(log)", "cdi": "(CDI)", "admission": "(admission)", "": ""}
 _DENIED = re.compile(r'admission webhook "([^"]+)" denied the request: ')
 
@@ -187,9 +189,20 @@ def on_purpose_line(simulated: Sequence[Simulated]) -> list[str]:
     return [f"Simulated on purpose (no kubelet): {names}" + (f", {reasons}." if reasons else ".")]
 
 
-def heading(simulated: Sequence[Simulated], *, some_real: bool) -> str:
+def simulated_gpus_line(profiles: Sequence[str]) -> str:
+    """The line that says the GPUs are simulated, above the table and as the demo's last line:
+    the rows read "NVIDIA H200" on nodes called real, and none of it is hardware."""
+    named = ", ".join(dict.fromkeys(profiles))
+    return (
+        f"GPUs: SIMULATED on every node (profiles {named}), no NVIDIA hardware: names, UUIDs and "
+        "/dev/nvidia* come from the profile; a real node is a real kubelet + containerd, not a "
+        "real GPU (make demo-gpu runs on one)."
+    )
+
+
+def heading(simulated: Sequence[Simulated], *, some_real: bool, profiles: Sequence[str]) -> str:
     """The line(s) above the table: a failure's warning, then where "what the container saw"
-    comes from."""
+    comes from, then that the GPUs are simulated."""
     notice = fallback_notice(simulated, some_real=some_real)
     if some_real:
         source = [
@@ -200,7 +213,7 @@ def heading(simulated: Sequence[Simulated], *, some_real: bool) -> str:
             "Pods on simulated nodes (no kubelet): what each container would see, from the CDI",
             "edits of the devices NodePrepareResources returned:",
         ]
-    return "\n".join([*notice, *source])
+    return "\n".join([*notice, *source, simulated_gpus_line(profiles)])
 
 
 def render_table(rows: Sequence[Row]) -> str:

@@ -4,11 +4,18 @@ only says a pod stayed Pending.
 
 A need is a function of the cluster (:class:`~e2e.suite.kube.Kube`) that returns None when the
 cluster has what it takes, or the reason it has not.
+
+A refusal is accepted only where it is known (:data:`KNOWN_GATES`, :func:`known_refusal`): the
+reason names a feature gate of the table and the version is older than the first one that serves
+that feature with its default gates. Any other refusal (an unknown reason, or a version that
+should serve the feature) is a scenario that did not run, and counts against the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -21,6 +28,47 @@ GPU_CLASS = "gpu.nvidia.com"
 
 class Refused(Exception):
     """The cluster lacks a feature the scenario needs; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A feature a scenario needs that Kubernetes serves, with its default feature gates, only
+    from ``served_from`` (major, minor) on."""
+
+    name: str
+    served_from: tuple[int, int]
+    what: str
+
+
+# The features a scenario may be refused for, and the first minor that serves each with its
+# default gates (seen in `make matrix`'s runs, docs/versions.md). A refusal naming any other
+# reason, or one on a version at or after ``served_from``, is a scenario that did not run.
+KNOWN_GATES: Mapping[str, Gate] = {
+    g.name: g
+    for g in (
+        Gate("DRAExtendedResource", (1, 36), "DeviceClass spec.extendedResourceName"),
+        Gate("DRAConsumableCapacity", (1, 36), "a request's capacity.requests"),
+    )
+}
+_GATE_IN_REASON = re.compile(r"feature gate (\w+)")
+_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.\d+)?")
+
+
+def _minor(version: str) -> tuple[int, int] | None:
+    found = _VERSION.match(version.strip())
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def known_refusal(version: str, reason: str) -> Gate | None:
+    """The gate of :data:`KNOWN_GATES` that excuses ``reason`` on ``version`` (the cluster's
+    Kubernetes version, e.g. ``v1.34.4``), or None: the refusal names no known gate, or the
+    version serves that feature."""
+    found = _GATE_IN_REASON.search(reason)
+    gate = KNOWN_GATES.get(found.group(1)) if found else None
+    minor = _minor(version)
+    if gate is None or minor is None or minor >= gate.served_from:
+        return None
+    return gate
 
 
 def server_version(kube: Kube) -> str:

@@ -83,10 +83,14 @@ def test_bad_input_is_refused_at_admission_and_the_ending_names_the_simulated_no
     # Simulated on purpose: said in one line, and no warning.
     ending = demo.result_text(state, refused)
     assert ending.startswith("Pods on simulated nodes (no kubelet)"), ending
-    assert ending.splitlines()[-1] == (
+    assert ending.splitlines()[-2] == (
         "Simulated on purpose (no kubelet): demo-h200, demo-a100, demo-h100-dyn, "
         "demo-h200-shared, real nodes off (DRA_GPU_DEMO_REAL_NODES=no)."
     )
+    # The GPUs are simulated, said above the table, in its columns and in the last line.
+    assert ending.splitlines()[-1].startswith("GPUs: SIMULATED on every node"), ending
+    assert ending.splitlines()[2].startswith("GPUs: SIMULATED on every node"), ending
+    assert "DEVICE (SIMULATED)" in ending
     assert "NO CONTAINER RAN" not in ending
 
 

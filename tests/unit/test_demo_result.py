@@ -6,7 +6,8 @@ Cases: the first real node failed, so all are simulated (reason + ``less <superv
 and last); only a later one failed (said, but containers did run); every node real (the heading
 says the reports are read from the containers' logs, nothing after the tear-down); real nodes
 turned off (one line naming the nodes and why, no warning, the heading says where the table is
-from).
+from). In every case the GPUs are said to be simulated: in the heading, in the table's columns and
+in the last line, real nodes included (their GPUs are simulated too).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ OFF = "real nodes off (DRA_GPU_DEMO_REAL_NODES=no)"
 LOG = "/cache/dra-gpu/demo/supervisor.log"
 ROWS = [demo_view.Row("one-gpu/one-gpu", "c", "demo-h200", "gpu-0", "gpu-0 NVIDIA H200", "cdi")]
 NODES = (("demo-h200", "h200x8"), ("demo-a100", "a100x4-mig"), ("demo-h100-dyn", "h100x8-mig"))
+GPUS = (
+    "GPUs: SIMULATED on every node (profiles h200x8, a100x4-mig, h100x8-mig), no NVIDIA "
+    "hardware: names, UUIDs and /dev/nvidia* come from the profile; a real node is a real "
+    "kubelet + containerd, not a real GPU (make demo-gpu runs on one)."
+)
 
 
 def _state(real: int, *, on_purpose: bool = False) -> DemoState:
@@ -54,10 +60,11 @@ def test_a_fallback_is_said_above_the_table_and_in_the_last_lines() -> None:
     lines = demo.result_text(_state(0), ROWS).splitlines()
     said = [f"NO CONTAINER RAN: {REASON}.", f"  See why: less {LOG}"]
     assert lines[:2] == said
-    assert lines[-2:] == said
+    assert lines[-3:] == [*said, GPUS]
     assert "simulated nodes" in lines[2]
     table = lines.index(next(line for line in lines if line.startswith("POD ")))
     assert table < lines.index("Tear down:")
+    assert "DEVICE (SIMULATED)" in lines[table] and "(SIMULATED GPUS)" in lines[table]
 
 
 def test_a_later_real_node_failing_is_not_called_no_container() -> None:
@@ -65,21 +72,27 @@ def test_a_later_real_node_failing_is_not_called_no_container() -> None:
     said = [f"SOME NODES ARE SIMULATED: {REASON}.", f"  See why: less {LOG}"]
     assert lines[:2] == said
     assert "read from its log" in lines[2]
-    assert lines[-2:] == said
+    assert lines[-3:] == [*said, GPUS]
 
 
 def test_real_nodes_need_no_notice() -> None:
     lines = demo.result_text(_state(3), ROWS).splitlines()
     assert "read from its log" in lines[0]
-    assert not any("NO CONTAINER RAN" in line or "SIMULATED" in line for line in lines)
-    assert lines[-1] == "  .venv/bin/python -m e2e.demo down"
+    assert not any("NO CONTAINER RAN" in line or "SOME NODES" in line for line in lines)
+    # Real kubelets, simulated GPUs: said above the table, on each node and at the end.
+    assert lines[1] == GPUS
+    assert "  demo-h200 real (kubelet + containerd), SIMULATED GPUs of profile h200x8" in (
+        "\n".join(lines)
+    )
+    assert lines[-3:] == ["  .venv/bin/python -m e2e.demo down", "", GPUS]
 
 
 def test_nodes_simulated_on_purpose_are_named_in_one_line_without_a_warning() -> None:
     text = demo.result_text(_state(0, on_purpose=True), ROWS)
     lines = text.splitlines()
-    assert lines[-1] == (
-        f"Simulated on purpose (no kubelet): demo-h200, demo-a100, demo-h100-dyn, {OFF}."
-    )
+    assert lines[-2:] == [
+        f"Simulated on purpose (no kubelet): demo-h200, demo-a100, demo-h100-dyn, {OFF}.",
+        GPUS,
+    ]
     assert "NO CONTAINER RAN" not in text and "SOME NODES ARE SIMULATED" not in text
     assert lines[0].startswith("Pods on simulated nodes (no kubelet)")

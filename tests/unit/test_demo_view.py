@@ -140,7 +140,10 @@ def test_table_aligns_columns_and_continues_multiline_cells() -> None:
         demo_view.Row("longer/pod-name", "-", "-", "-", "Pending", ""),
     ]
     lines = demo_view.render_table(rows).splitlines()
-    assert lines[0].split() == ["POD", "CLAIM", "NODE", "DEVICE", "WHAT", "THE", "CONTAINER", "SAW"]
+    assert lines[0].split() == [
+        *("POD", "CLAIM", "NODE", "DEVICE", "(SIMULATED)"),
+        *("WHAT", "THE", "CONTAINER", "SAW", "(SIMULATED", "GPUS)"),
+    ]
     column = lines[0].index("CLAIM")
     assert lines[2][column:].startswith("claim-1")
     assert lines[3][: lines[0].index("DEVICE")].strip() == ""

@@ -1,4 +1,5 @@
-"""``make matrix``'s table: versions picked, JUnit reports read, the docs block kept."""
+"""``make matrix``'s table: versions picked, JUnit reports read, each cell's verdict, the exit
+status, the docs block kept only from a green run."""
 
 from __future__ import annotations
 
@@ -7,13 +8,23 @@ from pathlib import Path
 import pytest
 
 from e2e import matrix
-from e2e.matrix import FAILED, PASSED, REFUSED, Outcome
+from e2e.matrix import FAILED, NOT_RUN, PASSED, REFUSED, Outcome
+from e2e.suite import needs
+from e2e.suite.scenarios import SCENARIOS
+
+EXT = (
+    "refused: Kubernetes v1.34.4 drops DeviceClass spec.extendedResourceName "
+    "(feature gate DRAExtendedResource is off there): a nvidia.com/gpu limit is not served"
+)
+NO_ROOT = "a real node (containerd, runc, kubelet, cgroups, mounts) needs root"
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="3">
 <testcase classname="tests.node.test_scenarios" name="test_scenario[one-gpu]" time="4.1"/>
 <testcase classname="tests.node.test_scenarios" name="test_scenario[extended-resource]">
-  <skipped type="pytest.skip" message="refused: Kubernetes v1.34.4 drops it">why</skipped>
+  <skipped type="pytest.skip"
+    message="refused: Kubernetes v1.34.4 drops it (feature gate DRAExtendedResource is off there)"
+  >why</skipped>
 </testcase>
 <testcase classname="tests.node.test_scenarios" name="test_scenario[two-gpus]">
   <failure message="ScenarioFailed: two-gpus: pod x ended (Failed)&#10;second line">tb</failure>
@@ -30,23 +41,112 @@ def test_default_versions_are_one_per_minor_and_the_variable_picks() -> None:
 
 
 def test_junit_outcomes_per_scenario() -> None:
-    assert matrix.parse_junit(JUNIT) == {
+    why = "Kubernetes v1.34.4 drops it (feature gate DRAExtendedResource is off there)"
+    assert matrix.parse_junit(JUNIT, "v1.34.4") == {
         "one-gpu": Outcome(PASSED),
-        "extended-resource": Outcome(REFUSED, "Kubernetes v1.34.4 drops it"),
+        "extended-resource": Outcome(REFUSED, why),
         "two-gpus": Outcome(FAILED, "ScenarioFailed: two-gpus: pod x ended (Failed)"),
     }
+    # The same refusal on a version that serves the feature ran nothing: NOT RUN.
+    late = matrix.parse_junit(JUNIT, "v1.37.2")["extended-resource"]
+    assert late.status == NOT_RUN and "not known for v1.37.2" in late.detail
+
+
+@pytest.mark.parametrize(
+    ("version", "message", "status"),
+    [
+        ("v1.34.4", EXT, REFUSED),
+        ("v1.35.4", EXT.replace("DRAExtendedResource", "DRAConsumableCapacity"), REFUSED),
+        ("v1.36.3", EXT, NOT_RUN),  # 1.36 serves it: the refusal is a cell that ran nothing
+        ("v1.34.4", EXT.replace("DRAExtendedResource", "DRASomethingElse"), NOT_RUN),
+        ("v1.34.4", "refused: the cluster is having a bad day", NOT_RUN),
+        ("v1.37.2", NO_ROOT, NOT_RUN),  # run without root: the whole tier skips
+        ("v1.37.2", "", NOT_RUN),
+    ],
+)
+def test_a_skip_is_refused_only_for_a_known_gate_the_version_lacks(
+    version: str, message: str, status: str
+) -> None:
+    outcome = matrix.skip_verdict(version, message)
+    assert outcome.status == status
+    if status == NOT_RUN:
+        assert outcome.detail  # NOT RUN always says why
+
+
+def test_known_refusals_name_their_gate_and_first_serving_version() -> None:
+    gate = needs.known_refusal("v1.35.4", "feature gate DRAConsumableCapacity is off")
+    assert gate is not None and gate.served_from == (1, 36)
+    assert needs.known_refusal("1.36.0", "feature gate DRAConsumableCapacity is off") is None
+    assert needs.known_refusal("v1.34.4", "no gate named") is None
+    assert needs.known_refusal("not a version", "feature gate DRAExtendedResource") is None
+
+
+def test_a_run_without_root_fails_and_is_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    skipped = "".join(
+        f'<testcase name="test_scenario[{s}]"><skipped message="{NO_ROOT}"/></testcase>'
+        for s in ("one-gpu", "two-gpus")
+    )
+    report = f"<testsuites><testsuite>{skipped}</testsuite></testsuites>"
+    results = matrix.complete(
+        {"v1.37.2": matrix.parse_junit(report, "v1.37.2")}, ["one-gpu", "two-gpus"]
+    )
+    assert matrix.summary_line(results) == "0 passed, 0 failed, 2 not run"
+    assert matrix.exit_status(results) == 1 and not matrix.green(results)
+    assert "| one-gpu | NOT RUN |" in matrix.table(results, ["one-gpu", "two-gpus"])
+    assert f"- v1.37.2 one-gpu: NOT RUN: skipped: {NO_ROOT}" in matrix.notes(results)
+
+
+def test_exit_status_over_the_cells() -> None:
+    def run(*statuses: str) -> dict[str, dict[str, Outcome]]:
+        return {"v1.37.2": {f"s{i}": Outcome(s, "x") for i, s in enumerate(statuses)}}
+
+    assert matrix.exit_status(run(PASSED, REFUSED)) == 0
+    assert matrix.exit_status(run(PASSED, FAILED)) == 1
+    assert matrix.exit_status(run(PASSED, NOT_RUN)) == 1
+    assert matrix.exit_status(run(REFUSED)) == 1  # nothing passed: nothing was shown to work
+    assert matrix.exit_status({}) == 1
+
+
+def test_docs_are_rewritten_only_from_a_green_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRA_GPU_CACHE", str(tmp_path))
+    monkeypatch.setenv("K8S_VERSIONS", "v1.37.2")
+    doc = tmp_path / "versions.md"
+    before = f"# Versions\n{matrix.BEGIN}\nthe last green run\n{matrix.END}\n"
+    doc.write_text(before)
+    out = tmp_path / "out"
+    junit = out / "v1.37.2" / "junit.xml"
+    junit.parent.mkdir(parents=True)
+    names = [s.name for s in SCENARIOS]
+    cases = "".join(
+        f'<testcase name="test_scenario[{n}]"><skipped message="{NO_ROOT}"/></testcase>'
+        for n in names
+    )
+    junit.write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+    argv = ["--out", str(out), "--docs", str(doc), "--reuse"]
+    assert matrix.main(argv) == 1
+    assert doc.read_text() == before
+    passed = "".join(f'<testcase name="test_scenario[{n}]"/>' for n in names)
+    junit.write_text(f"<testsuites><testsuite>{passed}</testsuite></testsuites>")
+    assert matrix.main(argv) == 0
+    assert f"**{len(names)} passed, 0 failed**" in doc.read_text()
 
 
 def test_table_counts_every_cell_and_a_missing_scenario_fails() -> None:
     results = matrix.complete(
-        {"v1.34.4": matrix.parse_junit(JUNIT), "v1.37.2": {"one-gpu": Outcome(PASSED)}},
+        {"v1.34.4": matrix.parse_junit(JUNIT, "v1.34.4"), "v1.37.2": {"one-gpu": Outcome(PASSED)}},
         ["one-gpu", "extended-resource", "two-gpus"],
     )
     text = matrix.table(results, ["one-gpu", "extended-resource", "two-gpus"])
     assert text.splitlines()[0] == "| scenario | v1.34.4 | v1.37.2 |"
-    assert "| extended-resource | refused | FAILED |" in text
-    assert matrix.summary_line(results) == "2 passed, 3 failed (1 refused)"
-    assert any("v1.37.2 two-gpus: FAILED: not run" in n for n in matrix.notes(results))
+    assert "| extended-resource | refused | NOT RUN |" in text
+    assert matrix.summary_line(results) == "2 passed, 1 failed, 2 not run (1 refused)"
+    assert any(
+        "v1.37.2 two-gpus: NOT RUN: not in the run's report" in n for n in matrix.notes(results)
+    )
 
 
 def test_the_docs_block_is_replaced_and_the_rest_kept() -> None:
