@@ -167,6 +167,7 @@ class Validation:
         self._node: Mapping[str, Any] = {}
         self._slices: list[Mapping[str, Any]] = []
         self._claim_uid = ""
+        self._created: list[str] = []  # paths of the objects this run created
 
     def run(self) -> Outcome:
         from dra_gpu.kube import errors
@@ -254,20 +255,15 @@ class Validation:
 
     def _check_pod(self, _: Outcome) -> Verdict:
         ns = self._namespace
-        self._client.request(
-            "POST",
-            f"/apis/resource.k8s.io/v1/namespaces/{quote(ns)}/resourceclaims",
-            body=steps.claim(self._claim, self._o.device_class),
-        )
+        claims = f"/apis/resource.k8s.io/v1/namespaces/{quote(ns)}/resourceclaims"
+        self._create(claims, steps.claim(self._claim, self._o.device_class))
         pod = steps.check_pod(self._pod, self._o.node, self._claim, self._o.image)
-        self._client.request("POST", f"/api/v1/namespaces/{quote(ns)}/pods", body=pod)
+        self._create(f"/api/v1/namespaces/{quote(ns)}/pods", pod)
         report = self._wait_log(self._pod, steps.parse_report)
         name = f"{ns}/{self._pod}"
         if report is None:
             return self._pending(self._pod)
-        claim = self._client.request(
-            "GET", f"/apis/resource.k8s.io/v1/namespaces/{quote(ns)}/resourceclaims/{self._claim}"
-        )
+        claim = self._client.request("GET", f"{claims}/{self._claim}")
         allocated = steps.allocated_devices(claim, self._o.driver)
         self._claim_uid = str(claim["metadata"]["uid"])
         published = steps.published(self._slices)
@@ -285,7 +281,7 @@ class Validation:
         verdict: Verdict | None = None
         for _attempt in range(3):  # unprepare may follow the pod's deletion by a moment
             pod = steps.cdi_pod(self._cdi_pod, self._o.node, self._o.image, self._o.cdi_root)
-            self._client.request("POST", f"/api/v1/namespaces/{quote(ns)}/pods", body=pod)
+            self._create(f"/api/v1/namespaces/{quote(ns)}/pods", pod)
             listing = self._wait_log(self._cdi_pod, steps.cdi_listing)
             if listing is None:
                 verdict = self._pending(self._cdi_pod)
@@ -300,6 +296,10 @@ class Validation:
         return verdict
 
     # --- helpers ------------------------------------------------------------------------------
+
+    def _create(self, collection: str, obj: Mapping[str, Any]) -> None:
+        self._client.request("POST", collection, body=obj)
+        self._created.append(f"{collection}/{obj['metadata']['name']}")
 
     def _wait_log(self, pod: str, parse: Callable[[str], T | None]) -> T | None:
         """The pod's log parsed, once it is complete; None when the pod did not get there."""
@@ -351,15 +351,11 @@ class Validation:
             time.sleep(POLL_S)
 
     def _clean_up(self) -> None:
+        """Delete what this run created and is still there."""
         from dra_gpu.kube import errors
 
-        ns = quote(self._namespace)
-        for path in (
-            f"/api/v1/namespaces/{ns}/pods/{self._pod}",
-            f"/api/v1/namespaces/{ns}/pods/{self._cdi_pod}",
-            f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{self._claim}",
-        ):
-            with contextlib.suppress(errors.ApiError):  # gone already, or never made
+        for path in reversed(self._created):
+            with contextlib.suppress(errors.ApiError):  # gone already
                 self._client.request("DELETE", path)
 
     def _record(self, outcome: Outcome) -> None:
