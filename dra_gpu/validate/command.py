@@ -187,7 +187,10 @@ class Validation:
                 except errors.ApiError as err:
                     step = STEPS[len(outcome.verdicts)]
                     verdict = steps.failed(
-                        step, f"API error: {err}", layer="API server", look="your credentials"
+                        step,
+                        f"API error: {err}",
+                        layer="0. the API server",
+                        look="your credentials",
                     )
                 outcome.verdicts.append(verdict)
                 self._say(verdict.line())
@@ -212,7 +215,7 @@ class Validation:
             return steps.failed(
                 "node",
                 f"node {self._o.node} does not exist",
-                layer="the cluster",
+                layer="0. the cluster",
                 look="kubectl get nodes",
             )
         return steps.passed("node", f"node {self._o.node} exists")

@@ -3,7 +3,7 @@
 The command (``validate.command``) reads the objects and runs the pods; every decision about them
 is here, so each is tested without a cluster. A :class:`Verdict` is one line of the report: the
 step, pass or fail, what was seen and, on a failure, the layer at fault and what to look at
-(the same pairs as docs/troubleshooting.md).
+(the layers of docs/troubleshooting.md, numbered as there).
 
 The check pod prints a report that :func:`parse_report` reads::
 
@@ -51,7 +51,11 @@ class Verdict:
     def line(self) -> str:
         if self.ok:
             return f"PASS  {self.step}: {self.said}"
-        where = f" [layer: {self.layer}; look at: {self.look}]" if self.layer else ""
+        where = (
+            f" [layer {self.layer}, docs/troubleshooting.md; look at: {self.look}]"
+            if self.layer
+            else ""
+        )
         return f"FAIL  {self.step}: {self.said}{where}"
 
 
@@ -74,7 +78,7 @@ def judge_plugin_pods(pods: Sequence[Mapping[str, Any]], node: str) -> Verdict:
         return failed(
             step,
             f"no kubelet plugin pod on node {node} (pods labelled {PLUGIN_SELECTOR})",
-            layer="the plugin's DaemonSet",
+            layer="1. the plugin pod (its DaemonSet)",
             look="kubectl get ds -A -l " + PLUGIN_SELECTOR + "; the node's labels and taints "
             "against the DaemonSet's nodeSelector (nvidia.com/gpu.present=true) and tolerations",
         )
@@ -89,7 +93,7 @@ def judge_plugin_pods(pods: Sequence[Mapping[str, Any]], node: str) -> Verdict:
     return failed(
         step,
         f"pod {name} is {phase}, {why}",
-        layer="kubelet plugin",
+        layer="1. the plugin pod",
         look=f"kubectl logs {_logs_of(name)}; docs/troubleshooting.md (registration)",
     )
 
@@ -107,7 +111,7 @@ def judge_readyz(url: str, status: int | None, body: str) -> Verdict:
     return failed(
         step,
         f"{url} answered {status if status is not None else 'nothing'}: {body.strip()[:200]}",
-        layer="kubelet plugin",
+        layer="1. the plugin pod",
         look="the plugin's log; docs/troubleshooting.md (registration)",
     )
 
@@ -161,14 +165,14 @@ def judge_slices(
         return failed(
             step,
             f"node {node} publishes no devices of {driver}: it has no GPUs the plugin can use",
-            layer="discovery (NVML)",
+            layer="2. discovery and publishing",
             look=look + "; nvidia-smi on the node; docs/troubleshooting.md (no devices)",
         )
     if not seen.complete:
         return failed(
             step,
             f"node {node}'s pool is incomplete (a slice of its newest generation is missing)",
-            layer="kubelet plugin (publishing)",
+            layer="2. discovery and publishing",
             look=look,
         )
     said = f"{len(seen.devices)} devices on {len(seen.gpus)} GPUs"
@@ -182,7 +186,7 @@ def judge_slices(
             step,
             f"{said}, {len(of_product)} of them {product}, but discovery found {count} "
             f"(label {node_labels.COUNT})",
-            layer="kubelet plugin (publishing)",
+            layer="2. discovery and publishing",
             look=look,
         )
     return passed(step, f"{said}, matching discovery ({count} x {product})")
@@ -247,7 +251,7 @@ def judge_container(
         return failed(
             step,
             f"pod {pod}: " + "; ".join(problems),
-            layer="prepare (CDI spec) or the container runtime's CDI",
+            layer="5. CDI in the runtime",
             look="the CDI spec under the node's CDI root; the runtime's CDI setting "
             "(docs/troubleshooting.md: container sees no GPU)",
         )
@@ -274,14 +278,14 @@ def judge_pending(
         return failed(
             "pod",
             f"pod {name} not scheduled after {waited_s:.0f}s: {said or 'no Events'}",
-            layer="scheduler (allocation)",
+            layer="3. allocation",
             look=f"kubectl describe pod -n {_logs_of(name)}; dra-gpu explain on the claim",
         )
     return failed(
         "pod",
         f"pod {name} scheduled but not running after {waited_s:.0f}s "
         f"({status.get('phase')}): {said or 'no Events'}",
-        layer="kubelet plugin (prepare)" if "Prepare" in said else "kubelet / container runtime",
+        layer="4. prepare" if "Prepare" in said else "5. CDI in the runtime",
         look=f"kubectl describe pod -n {_logs_of(name)}; the plugin's log",
     )
 
@@ -302,7 +306,7 @@ def judge_cdi(listing: str, claim_uid: str, cdi_root: str) -> Verdict:
         return failed(
             "cdi",
             f"{cdi_root} still holds {', '.join(left)} after the pod was deleted",
-            layer="kubelet plugin (unprepare)",
+            layer="4. prepare (unprepare)",
             look="the plugin's log for NodeUnprepareResources; the kubelet's log",
         )
     return passed("cdi", f"the claim's CDI spec is gone from {cdi_root} after the pod")

@@ -57,7 +57,7 @@ def test_no_plugin_pod_names_the_daemonset() -> None:
     verdict = steps.judge_plugin_pods([], "n1")
     assert not verdict.ok
     assert "no kubelet plugin pod on node n1" in verdict.said
-    assert verdict.layer == "the plugin's DaemonSet"
+    assert verdict.layer == "1. the plugin pod (its DaemonSet)"
     assert "nvidia.com/gpu.present" in verdict.look
     assert verdict.line().startswith("FAIL  plugin: no kubelet plugin pod on node n1")
 
@@ -143,7 +143,7 @@ def test_the_container_saw_something_else() -> None:
     assert "CDI environment names ['gpu-3'], allocated ['gpu-4']" in verdict.said
     assert "missing ['/dev/nvidia4'], unexpected ['/dev/nvidia3']" in verdict.said
     assert "nvidia-smi -L lists ['GPU-other']" in verdict.said
-    assert "prepare (CDI spec)" in verdict.layer
+    assert verdict.layer == "5. CDI in the runtime"
 
 
 def test_an_incomplete_report_is_none() -> None:
@@ -153,7 +153,7 @@ def test_an_incomplete_report_is_none() -> None:
 def test_a_leftover_cdi_spec_blames_unprepare() -> None:
     uid = "0b5c1a2e-1111-2222-3333-444455556666"
     left = steps.judge_cdi(f"k8s.gpu.nvidia.com-claim_{uid}.json\nother.json", uid, "/var/run/cdi")
-    assert not left.ok and left.layer == "kubelet plugin (unprepare)"
+    assert not left.ok and left.layer == "4. prepare (unprepare)"
     assert steps.judge_cdi("other.json", uid, "/var/run/cdi").ok
     assert steps.cdi_listing("== cdi\na.json\n== end\n") == "a.json"
     assert steps.cdi_listing("== cdi\n") is None
@@ -162,8 +162,8 @@ def test_a_leftover_cdi_spec_blames_unprepare() -> None:
 @pytest.mark.parametrize(
     ("scheduled", "event", "layer"),
     [
-        ("False", ("FailedScheduling", "cannot allocate all claims"), "scheduler (allocation)"),
-        ("True", ("FailedPrepareDynamicResources", "prepare failed"), "kubelet plugin (prepare)"),
+        ("False", ("FailedScheduling", "cannot allocate all claims"), "3. allocation"),
+        ("True", ("FailedPrepareDynamicResources", "prepare failed"), "4. prepare"),
     ],
 )
 def test_a_pod_that_did_not_run_names_where_it_stopped(
@@ -204,7 +204,7 @@ def test_a_node_that_does_not_exist_stops_at_the_first_check() -> None:
     outcome = Validation(Api(), Options(node="ghost"), say=said.append).run()  # type: ignore[arg-type]
     assert not outcome.ok
     assert (
-        said[0]
-        == "FAIL  node: node ghost does not exist [layer: the cluster; look at: kubectl get nodes]"
+        said[0] == "FAIL  node: node ghost does not exist "
+        "[layer 0. the cluster, docs/troubleshooting.md; look at: kubectl get nodes]"
     )
     assert said[1:] == ["SKIP  plugin", "SKIP  slices", "SKIP  pod", "SKIP  cdi"]
