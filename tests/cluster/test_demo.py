@@ -11,8 +11,9 @@ The shares example's two pods get one GPU, each row with its own shareID and con
 Every demo node carries GFD's labels equal to its slices (the rows of ``kubectl get nodes -L
 nvidia.com/gpu.product,nvidia.com/gpu.count,nvidia.com/gpu.memory``), and the pod selecting
 ``nvidia.com/gpu.product`` by node affinity and a GPU by claim lands on the A100 node and gets
-one of its GPUs. The telemetry section shows ``dra-gpu top`` with the busy pod at its utilization and the idle
-claim idle, and GpuIdle Events on the idle claim and pod, none on the busy one.
+one of its GPUs. The telemetry section shows ``dra-gpu top`` with the busy pod at its
+utilization and the idle claim idle, and GpuIdle Events on the idle claim and pod, none on the
+busy one.
 """
 
 from __future__ import annotations
