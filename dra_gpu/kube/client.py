@@ -156,8 +156,8 @@ class KubeClient:
         timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> str:
         """A GET whose answer is text, not JSON (a pod's ``/metrics`` through the API server's
-        proxy); an ApiError otherwise. ``accept``: what the endpoint serves; a pod's log
-        (``pods/NAME/log``) needs ``*/*``: the API server answers ``text/plain`` there with 406."""
+        proxy); an ApiError otherwise. ``accept``: the Accept header to send; ``dra-gpu validate``
+        reads a pod's log (``pods/NAME/log``) with ``*/*``."""
         request = f"GET {path}"
         answer = self._answered(
             "GET",

@@ -184,6 +184,12 @@ VARIANTS: dict[str, dict[str, str | bool | int]] = {
         "webhook.enabled": True,
         "webhook.certManager.enabled": True,
     },
+    # validate as a post-install/upgrade Job; node labels off (no patch, no label policy, no hook)
+    "validation-no-labels": {
+        "validation.enabled": True,
+        "validation.nodes[0]": "gpu-node-1",
+        "kubeletPlugin.nodeLabels.enabled": False,
+    },
 }
 
 
@@ -1343,3 +1349,27 @@ def test_plugin_keeps_gfd_labels_on_its_node_equal_to_its_slices(
     assert not [k for k in left if k.startswith("nvidia.com/")], left
     assert left["team"] == "ml"
     cluster.kubectl("label", "node", "policy-node-a", "team-")
+
+
+def test_node_label_and_validation_values_render_what_they_say() -> None:
+    defaults = {f"{d['kind']}/{d['metadata']['name']}": d for d in _docs(helm.render())}
+    assert "ValidatingAdmissionPolicy/dra-gpu-kubelet-plugin-own-node-labels" in defaults
+    hook = defaults["Job/dra-gpu-remove-node-labels"]
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert hook["spec"]["template"]["spec"]["containers"][0]["args"] == ["remove-node-labels"]
+    assert _plugin_env({})["NODE_LABELS"] == "true"
+    assert not [k for k in defaults if "validate" in k]
+
+    values: dict[str, str | bool | int] = {
+        "validation.enabled": True,
+        "validation.nodes[0]": "gpu-node-1",
+        "kubeletPlugin.nodeLabels.enabled": False,
+    }
+    off = {f"{d['kind']}/{d['metadata']['name']}": d for d in _docs(helm.render(set_values=values))}
+    assert not [k for k in off if "node-labels" in k]
+    assert _plugin_env(values)["NODE_LABELS"] == "false"
+    job = off["Job/dra-gpu-validate-0"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["validate", "--node=gpu-node-1"]
+    assert "--namespace=dra-gpu" in args and "--cdi-root=/var/run/cdi" in args

@@ -7,12 +7,16 @@ simulated profiles: eight H200s count 8; the A100 node with MIG counts its four 
 node of two products is labelled with the product of most GPUs; a product name a label value
 cannot hold is made valid; GFD's family table; the merge patch sets what differs, removes only
 the keys the plugin writes, and is empty when nothing changes; a node without GPUs loses them;
-``apply`` sends one merge patch of the change to the node's path, none when nothing changes.
+``apply`` sends one merge patch of the change to the node's path, none when nothing changes;
+the labeler's thread patches at start and again after a re-discovery changes the devices, and a
+re-discovery that changes nothing sends no patch.
 """
 
 from __future__ import annotations
 
+import queue
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +186,43 @@ def test_apply_sends_one_merge_patch_to_the_node() -> None:
     same = Client(dict(wanted))
     assert applier.apply(same, "n1", wanted) == {}  # type: ignore[arg-type]
     assert [s[0] for s in same.sent] == ["GET"]
+
+
+class Node:
+    """A Node whose labels merge patches change; each patch is queued for the test."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] = {"kubernetes.io/hostname": "n1"}
+        self.patches: queue.Queue[dict[str, Any]] = queue.Queue()
+
+    def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
+        if method == "PATCH":
+            for key, value in body["metadata"]["labels"].items():
+                if value is None:
+                    self.labels.pop(key, None)
+                else:
+                    self.labels[key] = value
+            self.patches.put(body["metadata"]["labels"])
+        return {"metadata": {"name": "n1", "labels": dict(self.labels)}}
+
+
+def test_the_labeler_follows_rediscovery_on_its_own_thread() -> None:
+    node = Node()
+    labeler = applier.NodeLabeler(node, "n1")  # type: ignore[arg-type]
+    eight = simulated("h200x8")
+    labeler.set_devices(eight)
+    stop = threading.Event()
+    labeler.start(stop)
+    try:
+        first = node.patches.get(timeout=60)
+        assert first["nvidia.com/gpu.count"] == "8"
+        labeler.set_devices(eight[:5])  # re-discovery: three GPUs gone
+        assert node.patches.get(timeout=60) == {"nvidia.com/gpu.count": "5"}
+        labeler.set_devices(eight[:5])  # the same again: nothing to send
+        labeler.set_devices([])  # every GPU gone: every label of ours removed
+        removal = node.patches.get(timeout=60)
+        assert set(removal) == set(first) and set(removal.values()) == {None}
+        assert node.labels == {"kubernetes.io/hostname": "n1"}
+        assert node.patches.empty()
+    finally:
+        stop.set()
