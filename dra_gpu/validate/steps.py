@@ -28,7 +28,7 @@ from typing import Any
 from dra_gpu.devices import node_labels
 
 JSON = dict[str, Any]
-PLUGIN_SELECTOR = "app.kubernetes.io/component=kubelet-plugin"
+PLUGIN_SELECTOR = "app.kubernetes.io/name=dra-gpu,app.kubernetes.io/component=kubelet-plugin"
 CONTROL_NODES = frozenset({"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"})
 _GPU_MINOR = re.compile(r"^gpu-(\d+)(?:-mig-|$)")
 _SMI_UUID = re.compile(r"\(UUID: (?P<uuid>(?:GPU|MIG)-[^)\s]+)\)")

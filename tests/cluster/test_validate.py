@@ -53,7 +53,7 @@ def test_a_node_without_the_plugin_fails_naming_it(cluster: Cluster) -> None:
     assert lines[0] == f"PASS  node: node {node} exists"
     assert lines[1].startswith(
         f"FAIL  plugin: no kubelet plugin pod on node {node} "
-        "(pods labelled app.kubernetes.io/component=kubelet-plugin) "
+        "(pods labelled app.kubernetes.io/name=dra-gpu,app.kubernetes.io/component=kubelet-plugin) "
         "[layer 1. the plugin pod (its DaemonSet), docs/troubleshooting.md; "
         "look at: kubectl get ds -A"
     ), lines[1]
