@@ -6,8 +6,10 @@ each node carries ``nvidia.com/gpu.product``, ``gpu.count``, ``gpu.memory``, ...
 publishes. :func:`section` prints what ``kubectl get nodes -L nvidia.com/gpu.product,
 nvidia.com/gpu.count,nvidia.com/gpu.memory`` prints, beside the same three values read from the
 node's ResourceSlices, and says whether they are equal. :func:`apply` creates a pod that selects
-``nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB`` by node affinity and a GPU by claim: it lands
-on ``demo-a100``, whatever else would fit the claim.
+``nvidia.com/gpu.product=NVIDIA-H200`` by node affinity and a whole GPU by claim: it lands on an
+H200 node (``demo-h200`` or ``demo-h200-shared``), never on the A100 or H100 node, whose GPUs
+would fit its claim as well. The demo applies it after the time-slicing example has given back
+its GPU of ``demo-h200``.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from e2e.cluster import SIMULATED_TOLERATION
 from e2e.suite.kube import Kube, wait_for
 
 NAMESPACE = "demo-gpu-by-node-label"
-POD = "a100-by-label"
-PRODUCT = "NVIDIA-A100-SXM4-40GB"
+POD = "h200-by-label"
+PRODUCT = "NVIDIA-H200"
 LABELS = ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory")
 FLAGS = ("--node-labels", "true")
 

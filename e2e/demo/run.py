@@ -16,7 +16,7 @@
    dynamic-MIG example (``e2e.demo.dynamic_mig``) and the time-slicing example
    (``e2e.demo.sharing``: the ``nvidia-smi`` commands recorded at prepare, and after its pod is
    deleted the reset), and the consumable-shares example (``e2e.demo.shares``: two claims by
-   memory on one GPU, each row with its shareID and consumed memory); before those, the
+   memory on one GPU, each row with its shareID and consumed memory); before the last, the
    node-label example (``e2e.demo.node_labels``: a pod choosing its node by
    ``nvidia.com/gpu.product`` and its GPU by claim), and every node's GFD labels beside its slices;
 4. upgrades ``demo-h200-shared``'s driver, 580.159.04 -> 590.48.01 (``e2e.demo.driver_upgrade``: the
@@ -363,9 +363,6 @@ def cmd_run(_: argparse.Namespace) -> int:
     rows: list[demo_view.Row] = []
     for entry in apply_scenarios(kube, state):
         rows += [entry] if isinstance(entry, demo_view.Row) else observe(kube, state, *entry)
-    _err("[demo] applying the node-label example (a node chosen by nvidia.com/gpu.product)")
-    rows += observe(kube, state, *demo_node_labels.apply(kube))
-    labels = demo_node_labels.section(demo_node_labels.rows(kube, [n.name for n in state.nodes]))
     _err("[demo] applying the dynamic MIG example (a MIG device created for its claim)")
     dynamic = observe(kube, state, *demo_dynamic_mig.apply(kube))
     rows += demo_dynamic_mig.with_created(dynamic, state, kube)
@@ -373,6 +370,10 @@ def cmd_run(_: argparse.Namespace) -> int:
     example = demo_sharing.apply(kube, state)
     shared = observe(kube, state, example.namespace, example.pod)
     rows += demo_sharing.applied_and_reset(shared, kube, state, example)
+    _err("[demo] applying the node-label example (a node chosen by nvidia.com/gpu.product)")
+    table = demo_node_labels.wait_labelled(kube, [n.name for n in state.nodes])
+    rows += observe(kube, state, *demo_node_labels.apply(kube))
+    labels = demo_node_labels.section(table)
     _err("[demo] applying the shares example (two claims of 40Gi and 20Gi on one GPU)")
     for entry in demo_shares.apply(kube):
         rows += observe(kube, state, *entry)
