@@ -23,7 +23,9 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "dra_gpu.explain.command",
     "dra_gpu.health_cmd",
     "dra_gpu.plugin.main",
+    "dra_gpu.plugin.labels_cmd",
     "dra_gpu.top.command",
+    "dra_gpu.validate.command",
 )
 
 

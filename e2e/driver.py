@@ -145,6 +145,7 @@ class PluginProcess(ManagedProcess):
         )
         super().__init__(f"plugin[{node_name}]", argv, log_path, _python_env())
         self.node_name, self.profile, self.dirs = node_name, profile, dirs
+        self.healthz_port = healthz_port  # 0: /healthz, /readyz off
 
     @classmethod
     def for_node(

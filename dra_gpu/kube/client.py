@@ -147,12 +147,25 @@ class KubeClient:
             method, path, query=query, body=body, content_type=content_type, timeout_s=timeout_s
         ).body
 
-    def get_text(self, path: str, *, timeout_s: float = REQUEST_TIMEOUT_S) -> str:
+    def get_text(
+        self,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        accept: str = "text/plain",
+        timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> str:
         """A GET whose answer is text, not JSON (a pod's ``/metrics`` through the API server's
-        proxy); an ApiError otherwise."""
+        proxy); an ApiError otherwise. ``accept``: the Accept header to send; ``dra-gpu validate``
+        reads a pod's log (``pods/NAME/log``) with ``*/*``."""
         request = f"GET {path}"
         answer = self._answered(
-            "GET", path, {"Accept": "text/plain"}, None, timeout_s=timeout_s, request=request
+            "GET",
+            _target(path, query),
+            {"Accept": accept},
+            None,
+            timeout_s=timeout_s,
+            request=request,
         )
         return answer.body.decode(errors="replace")
 

@@ -8,8 +8,8 @@ owns them until :meth:`KubeletPlugin.stop`:
    ResourceSlices at once (their round trips overlap with the rest of start-up);
 2. builds the prepare side (``DeviceState``; imported only now: pydantic and the checkpoint
    models take longer to load than publishing takes) and restores it under the node-wide lock;
-3. serves the driver to the kubelet (DRA socket, then registration), then starts re-discovery
-   and the health monitor.
+3. serves the driver to the kubelet (DRA socket, then registration), then starts re-discovery,
+   the health monitor and, with ``--node-labels``, the Node's labels (``node_labels``).
 
 Every part is an attribute set once; the callbacks the parts call later (re-discovery, /metrics)
 are methods that read those attributes, never closures over a half-built state. A failed start
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from dra_gpu.kubeletplugin.events import EventPoster
     from dra_gpu.kubeletplugin.publisher import SliceStore
     from dra_gpu.mig.dynamic import DynamicMig
+    from dra_gpu.plugin.node_labels import NodeLabeler
     from dra_gpu.plugin.platforms import Platform
     from dra_gpu.prepare.state import DeviceState
 
@@ -63,6 +64,7 @@ class KubeletPlugin:
         self._state: DeviceState | None = None
         self._events: EventPoster | None = None
         self._status: ClaimStatusWriter | None = None
+        self._labeler: NodeLabeler | None = None  # with --node-labels
         self._steps: list[Step] = []  # what the kit runs after each call, in order
 
     @classmethod
@@ -136,6 +138,12 @@ class KubeletPlugin:
         monitor = self._monitor
         plugin.watch_liveness(lambda: driver_outage.restart_needed(monitor.driver_state))
         self._devices.subscribe(self._devices_changed)
+        if settings.node_labels:
+            from dra_gpu.plugin import node_labels
+
+            self._labeler = node_labels.NodeLabeler(client, settings.node_name)
+            self._labeler.set_devices(devices)
+            self._devices.subscribe(self._labeler.set_devices)
         self._serve_metrics()
         log.info(
             "starting: node %s, driver %s, %d devices%s",
@@ -243,6 +251,8 @@ class KubeletPlugin:
         if watcher is not None:
             watcher.start(self._plugin.stop_event)
         self._monitor.start(self._plugin.stop_event)
+        if self._labeler is not None:
+            self._labeler.start(self._plugin.stop_event)
         # Start-up is over: what it allocated (modules, inventory, settings) lives as long as the
         # process. Frozen, it is no longer walked by every full garbage collection (20-35 ms on a
         # busy 2-core node, charged to whichever DRA call set it off). Collected first, so no

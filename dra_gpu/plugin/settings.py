@@ -60,6 +60,7 @@ ENV_VARS: Mapping[str, str] = {
     "metrics_address": "METRICS_ADDRESS",
     "time_slicing_settings": "TIME_SLICING_SETTINGS",
     "mps_support": "MPS_SUPPORT",
+    "node_labels": "NODE_LABELS",
     "mig_mode": "MIG_MODE",
     "consumable_shares": "CONSUMABLE_SHARES",
     "telemetry_interval": "TELEMETRY_INTERVAL",
@@ -98,6 +99,9 @@ class Settings:
     # Sharing applied to the GPUs (dra_gpu.prepare.sharing, docs/sharing.md); off: env only.
     time_slicing_settings: bool = False
     mps_support: bool = False
+    # Write GPU Feature Discovery's labels of the published GPUs on this node's Node
+    # (plugin.node_labels, docs/node-pools.md).
+    node_labels: bool = False
     # "dynamic": MIG devices are created by prepare (docs/dynamic-mig.md); "static": as found.
     mig_mode: str = "static"
     # Consumable shares (docs/sharing.md#consumable-shares): several claims per device, each
@@ -209,6 +213,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "mps_support",
         "true: run an MPS control daemon per claim whose GpuConfig/MigDeviceConfig asks for MPS "
         "(default false: the MPS settings reach the container environment only)",
+        metavar="BOOL",
+    )
+    add(
+        "--node-labels",
+        "node_labels",
+        "true: keep GPU Feature Discovery's labels of this node's GPUs (nvidia.com/gpu.product, "
+        "gpu.count, gpu.memory, ...) on its Node (default false)",
         metavar="BOOL",
     )
     add(
@@ -382,6 +393,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         metrics_address=_metrics_address(pick("metrics_address")),
         time_slicing_settings=_switch(pick("time_slicing_settings"), "--time-slicing-settings"),
         mps_support=mps_support,
+        node_labels=_switch(pick("node_labels"), "--node-labels"),
         mig_mode=mig_mode,
         consumable_shares=share_mode,
         telemetry_interval_s=_seconds(

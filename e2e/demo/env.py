@@ -83,6 +83,9 @@ NODE_PROFILES = {
     DYNAMIC_MIG_NODE: "h100x8-mig",
     SHARES_NODE: "h200x8",
 }
+# Every plugin writes GPU Feature Discovery's labels on its node, as the chart's default does
+# (docs/node-pools.md; e2e.demo.node_labels shows them).
+NODE_LABEL_FLAGS = ("--node-labels", "true")
 NODE_FLAGS = {
     SHARING_NODE: SHARING_FLAGS,
     DYNAMIC_MIG_NODE: DYNAMIC_MIG_FLAGS,
@@ -218,7 +221,11 @@ class Environment:
             real = False
             profile = self._profile_file(name, profile)
             self.metrics_ports[name] = _free_port()
-            extra = (*NODE_FLAGS.get(name, ()), *telemetry_flags(self.metrics_ports[name]))
+            extra = (
+                *NODE_FLAGS.get(name, ()),
+                *telemetry_flags(self.metrics_ports[name]),
+                *NODE_LABEL_FLAGS,
+            )
             if mode in ("auto", "yes") and not note:
                 real, note = self._try_real_node(name, profile, required=mode == "yes", extra=extra)
                 # The supervisor's log has the failed node's own log tails.

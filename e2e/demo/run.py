@@ -16,11 +16,14 @@
    dynamic-MIG example (``e2e.demo.dynamic_mig``) and the time-slicing example
    (``e2e.demo.sharing``: the ``nvidia-smi`` commands recorded at prepare, and after its pod is
    deleted the reset), and the consumable-shares example (``e2e.demo.shares``: two claims by
-   memory on one GPU, each row with its shareID and consumed memory);
+   memory on one GPU, each row with its shareID and consumed memory); before the last, the
+   node-label example (``e2e.demo.node_labels``: a pod choosing its node by
+   ``nvidia.com/gpu.product`` and its GPU by claim), and every node's GFD labels beside its slices;
 4. upgrades ``demo-h200-shared``'s driver, 580.159.04 -> 590.48.01 (``e2e.demo.driver_upgrade``: the
    taint during the reload, a prepare refused with the reason, the new version published, the
    taint gone, the prepared claims' specs and records unchanged);
-5. prints the table pod → claim → node → device → what the container saw, the driver upgrade,
+5. prints the table pod → claim → node → device → what the container saw, the node labels, the
+   driver upgrade,
    the telemetry section (``dra-gpu top`` and the ``GpuIdle`` Events), and how to explore and
    tear down.
    When a real node did not start, the table's heading and the last lines say so, why, and
@@ -47,6 +50,7 @@ from e2e.cluster import SIMULATED_TOLERATION
 from e2e.demo import driver_upgrade as demo_driver_upgrade
 from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
+from e2e.demo import node_labels as demo_node_labels
 from e2e.demo import shares as demo_shares
 from e2e.demo import sharing as demo_sharing
 from e2e.demo import telemetry as demo_telemetry
@@ -369,6 +373,10 @@ def cmd_run(_: argparse.Namespace) -> int:
     example = demo_sharing.apply(kube, state)
     shared = observe(kube, state, example.namespace, example.pod)
     rows += demo_sharing.applied_and_reset(shared, kube, state, example)
+    _err("[demo] applying the node-label example (a node chosen by nvidia.com/gpu.product)")
+    table = demo_node_labels.wait_labelled(kube, [n.name for n in state.nodes])
+    rows += observe(kube, state, *demo_node_labels.apply(kube))
+    labels = demo_node_labels.section(table)
     _err("[demo] applying the shares example (two claims of 40Gi and 20Gi on one GPU)")
     for entry in demo_shares.apply(kube):
         rows += observe(kube, state, *entry)
@@ -378,7 +386,7 @@ def cmd_run(_: argparse.Namespace) -> int:
     _err(f"[demo] upgrading {demo_driver_upgrade.NODE}'s driver: 580.159.04 -> 590.48.01")
     upgrade = demo_driver_upgrade.run(kube, state)
     print()
-    print(result_text(state, rows, [upgrade, telemetry]))
+    print(result_text(state, rows, [labels, upgrade, telemetry]))
     return 0
 
 

@@ -8,8 +8,12 @@ in one line, without a warning. The dynamic-MIG
 node's example gets a MIG device created for its claim, and its row shows that device. The
 time-slicing example's row shows the interval set on its GPU, and its reset once the pod is gone.
 The shares example's two pods get one GPU, each row with its own shareID and consumed memory.
-The telemetry section shows ``dra-gpu top`` with the busy pod at its utilization and the idle
-claim idle, and GpuIdle Events on the idle claim and pod, none on the busy one.
+Every demo node carries GFD's labels equal to its slices (the rows of ``kubectl get nodes -L
+nvidia.com/gpu.product,nvidia.com/gpu.count,nvidia.com/gpu.memory``), and the pod selecting
+``nvidia.com/gpu.product`` by node affinity and a GPU by claim lands on an H200 node and gets
+one of its GPUs. The telemetry section shows ``dra-gpu top`` with the busy pod at its
+utilization and the idle claim idle, and GpuIdle Events on the idle claim and pod, none on the
+busy one.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import pytest
 
 from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
+from e2e.demo import node_labels as demo_node_labels
 from e2e.demo import run as demo
 from e2e.demo import shares as demo_shares
 from e2e.demo import sharing as demo_sharing
@@ -141,3 +146,28 @@ def test_two_shares_on_one_gpu_and_the_telemetry_section(
     assert "(none on pod busy or its claim " in section, section
     ending = demo.result_text(state, [*rows, *watched], [section])
     assert section in ending and ending.index("consumed memory 20Gi") < ending.index(section)
+
+
+def test_node_labels_equal_the_slices_and_a_pod_selects_its_node_by_them(
+    environment: demo_env.Environment,
+) -> None:
+    state = environment.state()
+    kube = Kube.from_kubeconfig(state.kubeconfig)
+    table = demo_node_labels.wait_labelled(kube, [n.name for n in state.nodes])
+    labelled = {r.node: r.labels for r in table}
+    assert labelled["demo-h200"] == ("NVIDIA-H200", "8", "143771")
+    assert labelled["demo-a100"] == ("NVIDIA-A100-SXM4-40GB", "4", "40960")
+    assert labelled["demo-h100-dyn"][:2] == ("NVIDIA-H100-80GB-HBM3", "8")
+    text = demo_node_labels.section(table).splitlines()
+    assert text[1] == (
+        "  kubectl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count,nvidia.com/gpu.memory"
+    )
+    assert text[2].split() == ["NAME", "GPU.PRODUCT", "GPU.COUNT", "GPU.MEMORY", "FROM", "SLICES"]
+    h200 = next(line for line in text if line.split()[0] == "demo-h200")
+    assert h200.split() == ["demo-h200", "NVIDIA-H200", "8", "143771", "equal"]
+
+    (row,) = demo.observe(kube, state, *demo_node_labels.apply(kube))
+    # An H200 node (labelled NVIDIA-H200), though the claim alone would fit others too.
+    assert row.node in {"demo-h200", "demo-h200-shared"}, row
+    assert re.fullmatch(r"gpu-\d( share \S+)?", row.devices.splitlines()[0]), row
+    assert "NVIDIA H200" in row.saw, row

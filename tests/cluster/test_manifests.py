@@ -29,7 +29,13 @@ Cases:
 - the controller's policy: its token may create a DeviceClass labelled as its own, and may not
   create an unlabelled one, nor delete or take over (label) another's;
 - the plugin's RBAC is enough for the real kubelet plugin: run with a node-bound token of its
-  ServiceAccount, it publishes its node's devices.
+  ServiceAccount, it publishes its node's devices;
+- node labels (``kubeletPlugin.nodeLabels``, on by default): a token bound to node A may patch
+  node A's ``nvidia.com/`` labels; the API server refuses, with the policy's message, node B's
+  labels, a label key outside ``nvidia.com/``, node A's spec, and any label from a token bound
+  to no node. The real plugin with the chart's identity writes GFD's labels on its node, equal
+  to its slices (product, GPU count, memory), follows a re-discovery (fewer GPUs, another
+  driver version), and ``dra-gpu remove-node-labels`` takes exactly its labels off again.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -176,6 +183,12 @@ VARIANTS: dict[str, dict[str, str | bool | int]] = {
         "metrics.prometheusRule.enabled": True,
         "webhook.enabled": True,
         "webhook.certManager.enabled": True,
+    },
+    # validate as a post-install/upgrade Job; node labels off (no patch, no label policy, no hook)
+    "validation-no-labels": {
+        "validation.enabled": True,
+        "validation.nodes[0]": "gpu-node-1",
+        "kubeletPlugin.nodeLabels.enabled": False,
     },
 }
 
@@ -1175,3 +1188,188 @@ def test_telemetry_runs_in_the_host_pid_namespace_only_with_metrics_on() -> None
     assert "hostPID" not in plugin_spec({**on, "metrics.telemetry.hostPID": False})
     env = _plugin_env({**on, "metrics.telemetry.idleAfter": "90s"})
     assert env["IDLE_AFTER"] == "90s" and env["TELEMETRY_INTERVAL"] == "10"
+
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def _patch_node(client: KubeClient, node: str, body: dict[str, Any]) -> tuple[int, str]:
+    return _status_of(
+        lambda: client.request(
+            "PATCH", f"/api/v1/nodes/{node}", body=body, content_type=MERGE_PATCH
+        )
+    )
+
+
+def test_plugin_labels_only_its_own_node_and_only_nvidia_keys(
+    cluster: Cluster,
+    plugin_identity: tuple[dict[str, Any], dict[str, Any]],
+    plugin_of_node_a: KubeClient,
+    tmp_path: Path,
+) -> None:
+    client = plugin_of_node_a
+    own = {"metadata": {"labels": {"nvidia.com/gpu.product": "NVIDIA-H200"}}}
+    # RBAC and the label policy take effect asynchronously: wait until both are in force.
+    wait_for(
+        "RBAC to let the plugin patch its node",
+        lambda: _patch_node(client, "policy-node-a", own)[0] == 200,
+    )
+    wait_for(
+        "the label policy to refuse another node",
+        lambda: _patch_node(client, "policy-node-b", own)[0] == 403,
+    )
+
+    status, message = _patch_node(client, "policy-node-b", own)
+    assert status == 403
+    assert (
+        "the kubelet plugin on node policy-node-a may only label its own Node, "
+        "not node policy-node-b" in message
+    )
+
+    status, message = _patch_node(client, "policy-node-a", {"metadata": {"labels": {"team": "ml"}}})
+    assert status == 403
+    assert "may only change labels under nvidia.com/, not team" in message
+
+    status, message = _patch_node(
+        client, "policy-node-a", {"metadata": {"labels": {"kubernetes.io/hostname": None}}}
+    )
+    assert (status, "not kubernetes.io/hostname" in message) == (403, True), message
+
+    status, message = _patch_node(client, "policy-node-a", {"spec": {"unschedulable": True}})
+    assert status == 403 and "not its annotations, spec or owner references" in message
+
+    (tmp_path / "unbound").mkdir()
+    unbound = _as_account(cluster, tmp_path / "unbound", None)
+    try:
+        status, message = _patch_node(unbound, "policy-node-a", own)
+        assert status == 403 and "carries no node name" in message
+    finally:
+        unbound.close()
+    cluster.kubectl("label", "node", "policy-node-a", "nvidia.com/gpu.product-")
+
+
+def _node_labels(cluster: Cluster, node: str) -> dict[str, str]:
+    labels: dict[str, str] = json.loads(cluster.kubectl("get", "node", node, "-o", "json"))[
+        "metadata"
+    ].get("labels", {})
+    return labels
+
+
+def _slice_summary(cluster: Cluster, node: str) -> tuple[str, int, int]:
+    """(product with spaces as -, physical GPUs, one GPU's memory in MiB) from a node's slices."""
+    out = cluster.kubectl(
+        "get", "resourceslices", "-o", "json", f"--field-selector=spec.nodeName={node}"
+    )
+    devices = [d for s in json.loads(out)["items"] for d in s["spec"].get("devices", [])]
+    gpus = {d["attributes"]["uuid"]["string"]: d for d in devices}
+    (product,) = {d["attributes"]["productName"]["string"] for d in gpus.values()}
+    (memory,) = {d["capacity"]["memory"]["value"] for d in gpus.values()}
+    from dra_gpu.config.quantity import to_bytes
+
+    return product.replace(" ", "-"), len(gpus), to_bytes(memory) >> 20
+
+
+def test_plugin_keeps_gfd_labels_on_its_node_equal_to_its_slices(
+    cluster: Cluster, as_node_a: SliceClient, tmp_path: Path
+) -> None:
+    from e2e.driver import PluginProcess
+
+    node_a = cluster.register_node("policy-node-a")
+    cluster.kubectl("label", "--overwrite", "node", "policy-node-a", "team=ml")
+    kubeconfig = _kubeconfig(cluster, tmp_path / "plugin.kubeconfig", _token(cluster, node=node_a))
+    short = Path(tempfile.mkdtemp(prefix="dra-gpu-labels-"))
+    profile = short / "node-a.yaml"
+    profile.write_text("gpus:\n  - product: H200-141GB\n    count: 3\n")
+    plugin = PluginProcess.simulated(
+        short,
+        node_name="policy-node-a",
+        kubeconfig=kubeconfig,
+        profile=str(profile),
+        extra=("--node-labels", "true"),
+    )
+    plugin.start()
+
+    def labelled(count: str, driver: str) -> bool:
+        plugin.check_alive()
+        labels = _node_labels(cluster, "policy-node-a")
+        return (
+            labels.get("nvidia.com/gpu.count") == count
+            and labels.get("nvidia.com/cuda.driver-version.full") == driver
+        )
+
+    try:
+        try:
+            wait_for("GFD's labels on node A", lambda: labelled("3", "580.159.04"))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{plugin.log_tail()}") from None
+        product, gpus, mib = _slice_summary(cluster, "policy-node-a")
+        labels = _node_labels(cluster, "policy-node-a")
+        assert (
+            (
+                labels["nvidia.com/gpu.product"],
+                labels["nvidia.com/gpu.count"],
+                labels["nvidia.com/gpu.memory"],
+            )
+            == (product, str(gpus), str(mib))
+            == ("NVIDIA-H200", "3", "143771")
+        )
+        assert labels["nvidia.com/gpu.present"] == "true"
+        assert labels["nvidia.com/cuda.driver.rev"] == "04"
+
+        # Re-discovery: a GPU gone and another driver; the labels follow the slices.
+        profile.write_text(
+            'driverVersion: "590.48.01"\ncudaDriverVersion: "13.1"\n'
+            "gpus:\n  - product: H200-141GB\n    count: 2\n"
+        )
+        wait_for("the labels to follow re-discovery", lambda: labelled("2", "590.48.01"))
+        assert _slice_summary(cluster, "policy-node-a")[1] == 2
+        assert _node_labels(cluster, "policy-node-a")["nvidia.com/cuda.runtime.minor"] == "1"
+        assert "403" not in plugin.log_tail(200), plugin.log_tail(200)
+    finally:
+        plugin.stop()
+        shutil.rmtree(short, ignore_errors=True)
+
+    # Uninstall: the hook's command removes the plugin's labels, and only those.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dra_gpu",
+            "remove-node-labels",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "node policy-node-a: removed" in done.stdout
+    left = _node_labels(cluster, "policy-node-a")
+    assert not [k for k in left if k.startswith("nvidia.com/")], left
+    assert left["team"] == "ml"
+    cluster.kubectl("label", "node", "policy-node-a", "team-")
+
+
+def test_node_label_and_validation_values_render_what_they_say() -> None:
+    defaults = {f"{d['kind']}/{d['metadata']['name']}": d for d in _docs(helm.render())}
+    assert "ValidatingAdmissionPolicy/dra-gpu-kubelet-plugin-own-node-labels" in defaults
+    hook = defaults["Job/dra-gpu-remove-node-labels"]
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert hook["spec"]["template"]["spec"]["containers"][0]["args"] == ["remove-node-labels"]
+    assert _plugin_env({})["NODE_LABELS"] == "true"
+    assert not [k for k in defaults if "validate" in k]
+
+    values: dict[str, str | bool | int] = {
+        "validation.enabled": True,
+        "validation.nodes[0]": "gpu-node-1",
+        "kubeletPlugin.nodeLabels.enabled": False,
+    }
+    off = {f"{d['kind']}/{d['metadata']['name']}": d for d in _docs(helm.render(set_values=values))}
+    assert not [k for k in off if "node-labels" in k]
+    assert _plugin_env(values)["NODE_LABELS"] == "false"
+    job = off["Job/dra-gpu-validate-0"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["validate", "--node=gpu-node-1"]
+    assert "--namespace=dra-gpu" in args and "--cdi-root=/var/run/cdi" in args

@@ -92,9 +92,10 @@ def driver(
     cluster: Cluster, real_nodes: dict[str, Node], kube: Kube, request: pytest.FixtureRequest
 ) -> Iterator[Driver]:
     any_node = next(iter(real_nodes.values()))
-    ports = dict(
-        zip(["controller", *real_nodes], procs.free_ports(len(real_nodes) + 1), strict=True)
-    )
+    free = procs.free_ports(2 * len(real_nodes) + 1)
+    ports = dict(zip(["controller", *real_nodes], free[: len(real_nodes) + 1], strict=True))
+    # /readyz of each plugin (``dra-gpu validate --plugin-readyz``: a plugin that is no pod).
+    healthz = dict(zip(real_nodes, free[len(real_nodes) + 1 :], strict=True))
 
     def metrics_flag(name: str) -> tuple[str, str]:
         return ("--metrics-address", f"127.0.0.1:{ports[name]}")
@@ -109,7 +110,9 @@ def driver(
             node,
             kubeconfig=cluster.kubeconfig,
             profile=NODE_PROFILES[name],
-            extra=metrics_flag(name),
+            healthz_port=healthz[name],
+            # GFD's labels on the Node, as the chart does (docs/node-pools.md).
+            extra=(*metrics_flag(name), "--node-labels", "true"),
         )
         for name, node in real_nodes.items()
     }

@@ -1,0 +1,1 @@
+"""``dra-gpu validate``: is a GPU node ready for work? (``steps`` judges, ``command`` runs)."""
