@@ -255,7 +255,8 @@ class Checks:
             upgraded.append(release)
             timeout = GATE_S if pool_tag is None else BROKEN_GATE_S
             gate = self.pool_gate(release, pool_tag or tag, timeout=timeout)
-            self.log(f"[rollout] pool {release.pool}: " + ("; ".join(gate) or "passed its gate"))
+            # A gate's problems name their pool.
+            self.log("[rollout] " + ("; ".join(gate) or f"pool {release.pool}: passed its gate"))
             if gate:
                 return gate, upgraded
         return [], upgraded
