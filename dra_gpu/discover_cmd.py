@@ -1,9 +1,17 @@
 """``dra-gpu discover``: what this node would publish, without a cluster.
 
-``-o table`` is for people (one row a device); ``-o json`` / ``-o yaml`` print the ResourceSlice
-objects exactly as the kubelet plugin publishes them (same builder, same names), as a ``v1 List``
-in JSON and a multi-document stream in YAML, so either can be fed to
-``kubectl create --dry-run=server -f -``.
+``-o table`` is for people (one row a device); ``-o json`` / ``-o yaml`` / ``-o resourceslices``
+print the ResourceSlice objects exactly as the kubelet plugin publishes them (same builder,
+``published.node_slices``, same names), as a ``v1 List`` in JSON and a multi-document stream in
+YAML (``resourceslices`` is the YAML stream under the name an autoscaler's docs use), so either
+can be fed to ``kubectl create --dry-run=server -f -``. ``-o karpenter`` prints the same slices as
+Karpenter's ``ResourceSliceTemplate`` list (``plugin.slice_templates``).
+
+The plugin settings that change the slices (:data:`SLICE_SETTINGS`: driver name, MIG mode, MPS
+support, consumable shares) are flags here too, parsed by the plugin's own ``build_settings`` from
+the flag or the plugin's environment variable, so ``discover`` in the plugin's pod prints that
+pod's slices and ``discover --simulate PROFILE --node NAME ...`` predicts a node scaled up from
+zero (docs/autoscaling.md).
 
 Imports stay light on purpose: without ``--simulate`` only pynvml is needed (no pydantic, no
 yaml, no Kubernetes client), so the command runs on a bare GPU host.
@@ -20,7 +28,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +37,12 @@ from dra_gpu.devices import naming
 from dra_gpu.devices import shares as device_shares
 from dra_gpu.devices.model import CAP_MEMORY, Device, Discovery, GpuBackend
 from dra_gpu.plugin import published
+from dra_gpu.plugin import settings as plugin_settings
+
+# The kubelet plugin's settings that change what its ResourceSlices hold (Settings field names;
+# each also read from the plugin's environment variable, plugin_settings.ENV_VARS).
+SLICE_SETTINGS = ("driver_name", "mig_mode", "mps_support", "consumable_shares")
+OUTPUTS = ("table", "json", "yaml", "resourceslices", "karpenter")
 
 
 def default_node_name() -> str:
@@ -48,8 +62,40 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="use a simulated profile (h200x8, h100x8, a100x4-mig) or a profile file "
         "instead of NVML",
     )
-    p.add_argument("--node-name", default=None, help="node name (default: $NODE_NAME or hostname)")
-    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    p.add_argument(
+        "--node",
+        "--node-name",
+        dest="node_name",
+        default=None,
+        help="node name: names the pool and the slices, seeds simulated UUIDs "
+        "(default: $NODE_NAME or hostname)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default="table",
+        help="table; json, yaml or resourceslices: the ResourceSlices the plugin publishes; "
+        "karpenter: the same as Karpenter ResourceSliceTemplates",
+    )
+    p.add_argument(
+        "--driver-name",
+        default=None,
+        help=f"DRA driver name (default: $DRIVER_NAME, else {dra_gpu.DRIVER_NAME})",
+    )
+    p.add_argument(
+        "--mig-mode",
+        default=None,
+        metavar="MODE",
+        help="static or dynamic, as the plugin's --mig-mode (default: $MIG_MODE, else static)",
+    )
+    p.add_argument(
+        "--mps-support",
+        default=None,
+        metavar="BOOL",
+        help="true: shares also carry compute, as the plugin's --mps-support "
+        "(default: $MPS_SUPPORT, else false)",
+    )
     p.add_argument(
         "--driver-root",
         type=Path,
@@ -71,7 +117,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="MODE",
         help="print the slices as a node in this share mode publishes them: memory, unlimited "
         "or an integer (default: $CONSUMABLE_SHARES, else disabled; compute with "
-        "$MPS_SUPPORT=true, as the plugin)",
+        "--mps-support true, as the plugin)",
     )
     p.set_defaults(func=run)
 
@@ -87,6 +133,7 @@ def make_backend(
     node_name: str,
     nvml_timeout_s: float,
     driver_root: Path = Path("/"),
+    mig_dynamic: bool = False,
 ) -> GpuBackend:
     """The plugin's own choice of backend (a test replaces this to inject a fake NVML)."""
     from dra_gpu.plugin import inventory, platforms
@@ -97,7 +144,19 @@ def make_backend(
         driver_root=driver_root,
         nvml_timeout_s=nvml_timeout_s,
     )
-    return inventory.backend_for(platform)
+    return inventory.backend_for(platform, mig_dynamic=mig_dynamic)
+
+
+def slice_settings(
+    values: Mapping[str, object], env: Mapping[str, str]
+) -> plugin_settings.Settings:
+    """The plugin's settings from discover's flags (``vars(args)``) and the slice settings'
+    environment variables only, parsed as the plugin parses them; raises SettingsError."""
+    wanted = {plugin_settings.ENV_VARS[k] for k in (*SLICE_SETTINGS, "node_name")}
+    return plugin_settings.build_settings(
+        {k: values.get(k) for k in (*SLICE_SETTINGS, "node_name")},
+        {k: v for k, v in env.items() if k in wanted},
+    )
 
 
 def render_table(devices: Sequence[Device]) -> str:
@@ -126,12 +185,13 @@ def render(
     devices: Sequence[Device],
     node_name: str,
     shares: device_shares.ShareMode | None = None,
+    driver_name: str = dra_gpu.DRIVER_NAME,
 ) -> str:
     if output == "table":
         return render_table(devices)
     objs = published.node_slices(
         devices,
-        driver_name=dra_gpu.DRIVER_NAME,
+        driver_name=driver_name,
         node_name=node_name,
         node_uid=None,
         pool_generation=published.FIRST_GENERATION,
@@ -140,8 +200,14 @@ def render(
     if output == "json":
         doc: dict[str, Any] = {"apiVersion": "v1", "kind": "List", "items": objs}
         return json.dumps(doc, indent=2)
-    import yaml  # only for -o yaml
+    import yaml  # only for the YAML outputs
 
+    if output == "karpenter":
+        from dra_gpu.plugin import slice_templates
+
+        head = f"# {slice_templates.SHAPE}: the ResourceSlices of node {node_name}\n"
+        body = yaml.safe_dump(slice_templates.karpenter_templates(objs), sort_keys=False)
+        return head + str(body).rstrip("\n")
     return str(yaml.safe_dump_all(objs, sort_keys=False)).rstrip("\n")
 
 
@@ -151,11 +217,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, format="dra-gpu discover: %(levelname)s: %(message)s")
     node_name = args.node_name or default_node_name()
     try:
-        mode = device_shares.parse_mode(
-            args.consumable_shares or os.environ.get("CONSUMABLE_SHARES"),
-            compute=os.environ.get("MPS_SUPPORT", "").strip().lower() == "true",
-        )
-    except device_shares.ShareModeError as e:
+        settings = slice_settings({**vars(args), "node_name": node_name}, os.environ)
+    except plugin_settings.SettingsError as e:
         print(f"dra-gpu discover: {e}", file=sys.stderr)
         return 2
     try:
@@ -164,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
             node_name=node_name,
             nvml_timeout_s=args.nvml_timeout,
             driver_root=args.driver_root or default_driver_root(),
+            mig_dynamic=settings.mig_mode == "dynamic",
         )
     except InventoryError as e:  # unknown profile, bad profile file
         print(f"dra-gpu discover: {e}", file=sys.stderr)
@@ -174,7 +238,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"dra-gpu discover: {e}", file=sys.stderr)
         return 1
-    print(render(args.output, devices=devices, node_name=node_name, shares=mode))
+    print(
+        render(
+            args.output,
+            devices=devices,
+            node_name=node_name,
+            shares=settings.consumable_shares,
+            driver_name=settings.driver_name,
+        )
+    )
     if discovery.errors:
         print(
             f"dra-gpu discover: {len(discovery.errors)} problem(s): "

@@ -305,6 +305,9 @@ def explore_text(state: DemoState) -> str:
         "  .venv/bin/python -m dra_gpu top -A "
         + " ".join(f"--metrics-url {n.metrics_url}" for n in state.nodes if n.metrics_url),
         f"  (or, without the alias: {kubectl} get resourceslices)",
+        "  # what a node of a profile publishes, before it exists (docs/autoscaling.md):",
+        "  .venv/bin/python -m dra_gpu discover --simulate h200x8 --node demo-h200 "
+        "-o resourceslices",
         "",
         *_health_text(state),
         "Tear down:",

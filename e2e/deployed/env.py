@@ -19,6 +19,11 @@
 The chart is then installed with the real helm, one release per node (``RELEASES``): each node's
 kubelet has its own root directory, and the chart's host paths (``kubeletPlugin.kubeletDir``,
 ``cdiRoot``) are per release, the same way ``e2e/kind/run.sh`` installs one release per profile.
+Each release's plugin runs as a GPU node pool (``kubeletPlugin.pools``: one pool per release,
+on its node, with the pool's own image tag), so upgrades go pool by pool, the canary
+(``ROLLOUT_ORDER[0]``) first; on a cluster whose nodes share one kubelet directory the pools
+would be two entries of one release. With ``upgrade_from`` the releases have no pools: the
+earlier chart may not know them.
 ``down()`` stops everything in reverse order and is idempotent.
 
 ``DeployedEnv(upgrade_from=REF)``: the first image (``e2e-1``) is built from the tree of the git
@@ -65,12 +70,24 @@ class Release:
     node: str
     profile: str
     webhook: bool
+    pool: str  # its GPU node pool (kubeletPlugin.pools[0].name)
+    scenario: str  # a scenario whose claim fits the pool's GPUs: the gate's prepared claim
 
 
 RELEASES = (
-    Release("dra-gpu", "gpu-h200", "h200x8", webhook=True),
-    Release("dra-gpu-mig", "gpu-a100", "a100x4-mig", webhook=False),
+    Release("dra-gpu", "gpu-h200", "h200x8", webhook=True, pool="h200", scenario="one-gpu"),
+    Release(
+        "dra-gpu-mig",
+        "gpu-a100",
+        "a100x4-mig",
+        webhook=False,
+        pool="a100-mig",
+        scenario="mig-by-profile",
+    ),
 )
+# Pool by pool: the canary first, then the rest once the canary passed its gate.
+ROLLOUT_ORDER = (RELEASES[1], RELEASES[0])
+BROKEN_TAG = "e2e-broken"  # an image tag no node has: a canary that never becomes ready
 
 
 def _stderr(line: str) -> None:
@@ -101,15 +118,24 @@ def node_root(nodes: Path, release: Release) -> Path:
 
 
 def release_values(
-    release: Release, *, tag: str, node: Node, ca_bundle: str
+    release: Release,
+    *,
+    tag: str,
+    node: Node,
+    ca_bundle: str,
+    pools: bool = True,
+    pool_tag: str | None = None,
 ) -> dict[str, str | bool | int]:
+    """The release's chart values; with ``pools`` its plugin is the pool ``release.pool`` on its
+    node, on image ``pool_tag`` (default ``tag``)."""
+    label = PROFILE_LABEL.replace(".", "\\.")
     values: dict[str, str | bool | int] = {
         "image.repository": IMAGE_REPOSITORY,
         "image.tag": tag,
         "image.pullPolicy": "Never",  # imported into each node; no registry
         "simulate.enabled": True,
         "simulate.profile": release.profile,
-        "simulate.nodeSelector." + PROFILE_LABEL.replace(".", "\\."): release.profile,
+        "simulate.nodeSelector." + label: release.profile,
         "kubeletPlugin.kubeletDir": str(node.paths.kubelet_root),
         "kubeletPlugin.cdiRoot": str(node.cdi_root),
         "controller.extendedResourceName": "nvidia.com/gpu",
@@ -117,6 +143,10 @@ def release_values(
     }
     if release.webhook:
         values["webhook.tls.caBundle"] = ca_bundle
+    if pools:
+        values["kubeletPlugin.pools[0].name"] = release.pool
+        values["kubeletPlugin.pools[0].nodeSelector." + label] = release.profile
+        values["kubeletPlugin.pools[0].image.tag"] = pool_tag or tag
     return values
 
 
@@ -251,9 +281,23 @@ class DeployedEnv:
                 f"--key={key}",
             )
 
-    def values(self, release: Release, tag: str) -> dict[str, str | bool | int]:
+    @property
+    def pools(self) -> bool:
+        """Whether the releases run their plugin as a pool (not with ``upgrade_from``)."""
+        return self.upgrade_from is None
+
+    def values(
+        self, release: Release, tag: str, pool_tag: str | None = None
+    ) -> dict[str, str | bool | int]:
         ca = base64.b64encode(self.cluster.ca_cert.read_bytes()).decode()
-        return release_values(release, tag=tag, node=self.nodes[release.node], ca_bundle=ca)
+        return release_values(
+            release,
+            tag=tag,
+            node=self.nodes[release.node],
+            ca_bundle=ca,
+            pools=self.pools,
+            pool_tag=pool_tag,
+        )
 
     def helm(self, *args: str, timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
         argv = [str(helm.ensure_helm()), f"--kubeconfig={self.cluster.kubeconfig}", *args]
@@ -272,12 +316,21 @@ class DeployedEnv:
         return self._apply("install", release, tag, self.first_chart, wait=wait)
 
     def upgrade(
-        self, release: Release, tag: str, *, wait: bool = True, extra: Sequence[str] = ()
+        self,
+        release: Release,
+        tag: str,
+        *,
+        wait: bool = True,
+        extra: Sequence[str] = (),
+        pool_tag: str | None = None,
     ) -> str:
         """``helm upgrade`` to this tree's chart, with the kit's values on the command line
         (``--set``): what reaches the chart is those and the chart's defaults, as with a
-        user's values file (``extra``: more helm flags, e.g. ``--dry-run``)."""
-        return self._apply("upgrade", release, tag, helm.CHART, wait=wait, extra=extra)
+        user's values file (``extra``: more helm flags, e.g. ``--dry-run``; ``pool_tag``: the
+        pool's image tag, when not ``tag``)."""
+        return self._apply(
+            "upgrade", release, tag, helm.CHART, wait=wait, extra=extra, pool_tag=pool_tag
+        )
 
     def _apply(
         self,
@@ -288,11 +341,12 @@ class DeployedEnv:
         *,
         wait: bool,
         extra: Sequence[str] = (),
+        pool_tag: str | None = None,
     ) -> str:
         argv = [verb, release.name, str(chart), "--namespace", release.name, *extra]
         if wait:
             argv += ["--wait", "--timeout", "5m"]
-        argv += helm.set_args(self.values(release, tag))
+        argv += helm.set_args(self.values(release, tag, pool_tag))
         return self.helm(*argv).stdout
 
     def state_dir(self, node: str) -> Path:

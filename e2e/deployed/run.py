@@ -13,8 +13,15 @@ kube-proxy), then runs these checks in order and prints one line per check and a
 - ``webhook``: an invalid ``GpuConfig`` is refused by the webhook, reached through its Service;
 - ``policy``: the ValidatingAdmissionPolicy refuses a plugin's write of another node's slice;
 - ``scenario <name>``: every scenario of ``python -m e2e.suite`` (``e2e.suite.scenarios``);
-- ``upgrade``: with pods holding claims running, ``helm upgrade`` of both releases to the second
-  image tag; pods are created throughout the rollout; afterwards every plugin pod runs the new
+- ``broken canary``: with claims held on both pools, the canary pool (``ROLLOUT_ORDER[0]``) is
+  upgraded to an image tag no node has; its gate fails, so the rollout stops there: the other
+  pool keeps the old version and its claims, the canary's old plugin keeps serving (the rollout
+  surges), and the canary is rolled back (not with ``--upgrade-from``: no pools then);
+- ``upgrade``: with pods holding claims running, ``helm upgrade`` pool by pool to the second
+  image tag, the canary first and the rest only once the canary passed its gate (``pool_gate``:
+  plugin pods Ready on the new image and registered with the kubelet, the node's slices those
+  ``dra-gpu discover`` predicts, a claim prepared there); pods are created throughout the
+  rollout; afterwards every plugin pod runs the new
   image, no pod got a ``FailedPrepareDynamicResources`` event, every pod created during the rollout
   ran, the claims prepared before it are unprepared by the new plugins when their pods go, and a
   pod created after it runs; the nodes' ``checkpoint.json`` still hold the claims prepared
@@ -40,8 +47,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
+import json
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -56,7 +66,17 @@ from kubernetes.client import ApiException
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
 from e2e.cluster import ClusterError
 from e2e.deployed import node_state
-from e2e.deployed.env import REAL_NODE_SELECTOR, RELEASES, TAGS, DeployedEnv, Release
+from e2e.deployed.env import (
+    BROKEN_TAG,
+    IMAGE_REPOSITORY,
+    PROFILE_LABEL,
+    REAL_NODE_SELECTOR,
+    RELEASES,
+    ROLLOUT_ORDER,
+    TAGS,
+    DeployedEnv,
+    Release,
+)
 from e2e.suite import runner
 from e2e.suite.kube import RESOURCE, Kube, load_manifests, wait_for
 from e2e.suite.scenarios import BY_NAME, SCENARIOS
@@ -66,6 +86,8 @@ TIMEOUT_S = 180.0
 OLD_POD_S = 60.0  # an old plugin pod's termination after helm --wait returned
 FAILED_PREPARE = "FailedPrepareDynamicResources"
 PROBES_HELD = 4
+GATE_S = 120.0  # a pool's plugin pods Ready on the new image within this, or the gate fails
+BROKEN_GATE_S = 45.0  # how long the broken canary is given (it never becomes Ready)
 
 
 def _stderr(line: str) -> None:
@@ -135,13 +157,18 @@ class Checks:
         registry = self.env.nodes[node].paths.plugin_registry_dir
         return list(registry.glob("gpu.nvidia.com-*-reg.sock"))
 
-    def start_running(self, scenario: str) -> runner.Run:
+    def on_pool(self, release: Release) -> runner.Context:
+        """The scenario context with pods kept on ``release``'s node (its pool)."""
+        selector = {**REAL_NODE_SELECTOR, PROFILE_LABEL: release.profile}
+        return dataclasses.replace(self.ctx, node_selector=selector)
+
+    def start_running(self, scenario: str, ctx: runner.Context | None = None) -> runner.Run:
         """``runner.start`` of a scenario, retried while the API server cannot reach the
         webhook yet (the chart's first seconds); its problems fail the caller."""
         deadline = time.monotonic() + TIMEOUT_S
         while True:
             try:
-                run, problems = runner.start(self.ctx, BY_NAME[scenario])
+                run, problems = runner.start(ctx or self.ctx, BY_NAME[scenario])
             except ApiException as exc:
                 if exc.status != 500 or time.monotonic() > deadline:
                     raise
@@ -150,6 +177,92 @@ class Checks:
             if problems:
                 raise AssertionError("; ".join(problems))
             return run
+
+    # ----- pool by pool ----------------------------------------------------------------------
+
+    def predicted_slices(self, release: Release) -> list[dict[str, Any]]:
+        """What ``dra-gpu discover`` says a node of the pool's profile publishes."""
+        argv = [sys.executable, "-m", "dra_gpu", "discover", "--simulate", release.profile]
+        argv += ["--node", release.node, "-o", "json"]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        items: list[dict[str, Any]] = json.loads(out)["items"]
+        return items
+
+    def pool_gate(self, release: Release, tag: str, *, timeout: float = GATE_S) -> list[str]:
+        """Whether ``release``'s pool is ready on image ``tag``: its plugin pods all on it and
+        Ready, one of them registered with the kubelet, the node's slices those ``dra-gpu
+        discover`` predicts for the pool, and a claim prepared there (a pod with one runs and
+        sees its device, then its claim is unprepared). Problems, or none.
+
+        The seam for ``dra-gpu validate --node`` (issue 43 part 2, another branch): once it
+        lands, this runs it for the pool's node and returns its failed lines."""
+        image = f"{IMAGE_REPOSITORY}:{tag}"
+
+        def ready(pod: dict[str, Any]) -> bool:
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+        def rolled() -> tuple[list[dict[str, Any]]] | None:
+            pods = self.plugin_pods(release)
+            on_tag = all(p["spec"]["containers"][0]["image"] == image for p in pods)
+            return (pods,) if pods and on_tag and all(map(ready, pods)) else None
+
+        try:
+            (pods,) = wait_for(
+                f"{release.pool}: plugin pods Ready on {image}", rolled, timeout=timeout
+            )
+        except WaitTimeout:
+            states = [
+                (p["spec"]["containers"][0]["image"], ready(p), p["status"].get("phase"))
+                for p in self.plugin_pods(release)
+            ]
+            return [
+                f"pool {release.pool}: plugin pods not all Ready on {image} in {timeout:.0f} s "
+                f"(image, ready, phase: {states})"
+            ]
+        problems = []
+        uids = {p["metadata"]["uid"] for p in pods}
+        sockets = [s.name for s in self.registration_sockets(release.node)]
+        if not any(uid in name for uid in uids for name in sockets):
+            problems.append(f"pool {release.pool}: no new plugin registered ({sockets})")
+
+        def spec(obj: dict[str, Any]) -> tuple[str, str]:
+            body = dict(obj["spec"])
+            body["pool"] = {k: v for k, v in body["pool"].items() if k != "generation"}
+            return obj["metadata"]["name"], json.dumps(body, sort_keys=True)
+
+        published = sorted(map(spec, self.node_slices(release.node)))
+        if published != sorted(map(spec, self.predicted_slices(release))):
+            problems.append(f"pool {release.pool}: {release.node}'s slices are not discover's")
+        try:
+            run = self.start_running(release.scenario, self.on_pool(release))
+            problems += runner.finish(self.ctx, run)
+        except Exception as exc:
+            problems.append(f"pool {release.pool}: a claim was not prepared there: {exc}")
+        return problems
+
+    def rollout(
+        self, tag: str, *, canary_tag: str | None = None
+    ) -> tuple[list[str], list[Release]]:
+        """``helm upgrade`` pool by pool (``ROLLOUT_ORDER``), each pool's gate before the next;
+        the first gate that fails stops the rollout. ``canary_tag``: the canary pool's image
+        (no ``--wait``: the gate judges it). Returns the gate's problems and the releases
+        upgraded."""
+        upgraded: list[Release] = []
+        for number, release in enumerate(ROLLOUT_ORDER):
+            pool_tag = canary_tag if number == 0 else None
+            self.env.upgrade(release, tag, pool_tag=pool_tag, wait=pool_tag is None)
+            upgraded.append(release)
+            timeout = GATE_S if pool_tag is None else BROKEN_GATE_S
+            gate = self.pool_gate(release, pool_tag or tag, timeout=timeout)
+            # A gate's problems name their pool.
+            self.log("[rollout] " + ("; ".join(gate) or f"pool {release.pool}: passed its gate"))
+            if gate:
+                return gate, upgraded
+        return [], upgraded
+
+    def plugin_images(self, release: Release) -> set[str]:
+        return {p["spec"]["containers"][0]["image"] for p in self.plugin_pods(release)}
 
     # ----- the checks ---------------------------------------------------------------------
 
@@ -294,6 +407,34 @@ class Checks:
                 held.setdefault(node, set()).update(uids)
         return held
 
+    def broken_canary(self) -> list[str]:
+        """A canary on an image no node has fails its gate and stops the rollout: the rest
+        keep the old version and their claims; the canary's old plugin keeps serving."""
+        canary, rest = ROLLOUT_ORDER[0], ROLLOUT_ORDER[1:]
+        holding = [self.start_running(r.scenario, self.on_pool(r)) for r in ROLLOUT_ORDER]
+        held = self.held_claims(holding)
+        old = f"{IMAGE_REPOSITORY}:{TAGS[0]}"
+        problems: list[str] = []
+        gate, upgraded = self.rollout(TAGS[1], canary_tag=BROKEN_TAG)
+        if not gate:
+            problems.append(f"the canary on {BROKEN_TAG} passed its gate")
+        if upgraded != [canary]:
+            problems.append(f"the rollout went on past the canary: {[r.pool for r in upgraded]}")
+        for release in rest:
+            if self.plugin_images(release) != {old}:
+                problems.append(f"pool {release.pool}: images {self.plugin_images(release)}")
+        # The canary's node still has its old plugin: the broken pod surged next to it.
+        if old not in self.plugin_images(canary):
+            problems.append(f"pool {canary.pool}: no old plugin left {self.plugin_images(canary)}")
+        problems += self._checkpoints_kept(held)
+        self.env.upgrade(canary, TAGS[0])  # roll the canary back (--wait)
+        for release in ROLLOUT_ORDER:
+            gate = self.pool_gate(release, TAGS[0])
+            problems += [f"after the rollback: {p}" for p in gate]
+        for run in holding:  # the old plugins unprepare what they prepared
+            problems += runner.finish(self.ctx, run)
+        return problems
+
     def upgrade(self) -> list[str]:
         holding = [self.start_running("one-gpu"), self.start_running("mig-by-profile")]
         held = self.held_claims(holding)
@@ -352,11 +493,18 @@ class Checks:
         started = time.monotonic()
         problems: list[str] = []
         try:
-            for release in RELEASES:
-                self.env.upgrade(release, TAGS[1])
-            self.report.figures["helm upgrade, both releases, --wait (s)"] = (
-                time.monotonic() - started
-            )
+            if self.env.pools:  # pool by pool, the canary first, each through its gate
+                gate, _ = self.rollout(TAGS[1])
+                problems += gate
+                self.report.figures["upgrade pool by pool, each gated (s)"] = (
+                    time.monotonic() - started
+                )
+            else:
+                for release in RELEASES:
+                    self.env.upgrade(release, TAGS[1])
+                self.report.figures["helm upgrade, both releases, --wait (s)"] = (
+                    time.monotonic() - started
+                )
         finally:
             stop.set()
             prober.join(timeout=TIMEOUT_S * 2)
@@ -496,6 +644,8 @@ def run(env: DeployedEnv, report: Report, *, log: Callable[[str], None] = _stder
         for scenario in SCENARIOS:
             name = scenario.name
             checks.check(f"scenario {name}", functools.partial(checks.scenario, name))
+    if env.pools:
+        checks.check("broken canary", checks.broken_canary)
     checks.check("upgrade", checks.upgrade)
     checks.check("uninstall", checks.uninstall)
     return report

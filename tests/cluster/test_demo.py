@@ -14,18 +14,26 @@ nvidia.com/gpu.product,nvidia.com/gpu.count,nvidia.com/gpu.memory``), and the po
 one of its GPUs. The telemetry section shows ``dra-gpu top`` with the busy pod at its
 utilization and the idle claim idle, and GpuIdle Events on the idle claim and pod, none on the
 busy one.
+Scale from zero: for every demo node, ``dra-gpu discover --simulate PROFILE --node NAME -o
+resourceslices`` with the node's slice settings prints exactly the slices the node publishes
+(names, devices, attributes, capacities, counters), before any example runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from dra_gpu import discover_cmd
+from dra_gpu.plugin import settings as plugin_settings
 from e2e.demo import dynamic_mig as demo_dynamic_mig
 from e2e.demo import env as demo_env
 from e2e.demo import node_labels as demo_node_labels
@@ -49,6 +57,50 @@ def environment() -> Iterator[demo_env.Environment]:
     finally:
         env.down()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def discover_argv(node: demo_env.NodeInfo) -> list[str]:
+    """``dra-gpu discover`` for a node of this demo node's profile and plugin settings: the
+    node's plugin flags that change slices (``discover_cmd.SLICE_SETTINGS``) passed on."""
+    parser = argparse.ArgumentParser()
+    plugin_settings.add_arguments(parser)
+    given = vars(parser.parse_args(list(demo_env.NODE_FLAGS.get(node.name, ()))))
+    settings = [
+        arg
+        for dest in discover_cmd.SLICE_SETTINGS
+        if given[dest] is not None
+        for arg in (f"--{dest.replace('_', '-')}", str(given[dest]))
+    ]
+    profile = node.profile_file or node.profile
+    return ["--simulate", profile, "--node", node.name, "-o", "resourceslices", *settings]
+
+
+def without_bookkeeping(obj: dict[str, Any]) -> dict[str, Any]:
+    """A slice as a node of that profile has it: what the API server and the publisher add (uid,
+    owner, annotations, the pool's generation, which counts re-publishes) left out."""
+    spec = dict(obj["spec"])
+    spec["pool"] = {k: v for k, v in spec["pool"].items() if k != "generation"}
+    return {"name": obj["metadata"]["name"], "spec": spec}
+
+
+def test_discover_prints_exactly_what_each_demo_node_publishes(
+    environment: demo_env.Environment, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = environment.state()
+    kube = Kube.from_kubeconfig(state.kubeconfig)
+    published = kube.slices()
+    assert {n.name for n in state.nodes} == set(demo_env.NODE_PROFILES)
+    for node in state.nodes:
+        argv = discover_argv(node)
+        assert discover_cmd.main(argv) == 0, argv
+        predicted = [without_bookkeeping(o) for o in yaml.safe_load_all(capsys.readouterr().out)]
+        live = sorted(
+            (without_bookkeeping(o) for o in published if o["spec"].get("nodeName") == node.name),
+            key=lambda o: str(o["name"]),
+        )
+        assert predicted == live, f"dra-gpu discover {' '.join(argv)}"
+    shown = " ".join(discover_argv(next(n for n in state.nodes if n.name == "demo-h200")))
+    assert shown == "--simulate h200x8 --node demo-h200 -o resourceslices"
 
 
 def test_bad_input_is_refused_at_admission_and_the_ending_names_the_simulated_nodes(

@@ -130,8 +130,14 @@ def test_committed_plain_manifests_match_the_chart() -> None:
             "metrics.enabled=true,metrics.serviceMonitor.enabled=true,"
             "metrics.grafanaDashboard.enabled=true,metrics.prometheusRule.enabled=true",
         ],
+        [
+            "--set",
+            "kubeletPlugin.pools[0].name=canary,kubeletPlugin.pools[0].nodeSelector.pool=canary,"
+            "kubeletPlugin.pools[0].image.tag=2,kubeletPlugin.pools[0].migMode=dynamic,"
+            "kubeletPlugin.pools[1].name=rest,kubeletPlugin.pools[1].nodeSelector.pool=rest",
+        ],
     ],
-    ids=["defaults", "simulated-webhook", "metrics"],
+    ids=["defaults", "simulated-webhook", "metrics", "pools"],
 )
 def test_chart_passes_helm_lint(values: list[str]) -> None:
     proc = subprocess.run(
@@ -189,6 +195,17 @@ VARIANTS: dict[str, dict[str, str | bool | int]] = {
         "validation.enabled": True,
         "validation.nodes[0]": "gpu-node-1",
         "kubeletPlugin.nodeLabels.enabled": False,
+    },
+    "pools": {
+        "metrics.enabled": True,
+        "kubeletPlugin.pools[0].name": "canary",
+        "kubeletPlugin.pools[0].nodeSelector.pool": "canary",
+        "kubeletPlugin.pools[0].image.tag": "2",
+        "kubeletPlugin.pools[0].migMode": "dynamic",
+        "kubeletPlugin.pools[0].sharing.consumableShares": "memory",
+        "kubeletPlugin.pools[1].name": "h200",
+        "kubeletPlugin.pools[1].nodeSelector.pool": "h200",
+        "kubeletPlugin.pools[1].tolerations[0].operator": "Exists",
     },
 }
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.deployed.env import RELEASES, api_address, release_values
+from e2e.deployed.env import RELEASES, ROLLOUT_ORDER, api_address, release_values
 from e2e.images import base as base_image
 from e2e.images import driver as driver_image
 from e2e.node import kube_proxy
@@ -101,6 +101,20 @@ def test_each_release_points_at_its_own_node(tmp_path: Path) -> None:
         assert values["image.pullPolicy"] == "Never" and values["image.tag"] == "t"
         assert ("webhook.tls.caBundle" in values) == release.webhook
     assert sum(r.webhook for r in RELEASES) == 1
+
+
+def test_each_release_runs_its_plugin_as_a_pool_on_its_node(tmp_path: Path) -> None:
+    release = ROLLOUT_ORDER[0]  # the canary
+    node = _node(tmp_path, release.node)
+    values = release_values(release, tag="t", node=node, ca_bundle="Q0E=", pool_tag="bad")  # type: ignore[arg-type]
+    assert values["kubeletPlugin.pools[0].name"] == release.pool
+    assert values["kubeletPlugin.pools[0].nodeSelector.dra-gpu\\.test/profile"] == release.profile
+    assert (values["kubeletPlugin.pools[0].image.tag"], values["image.tag"]) == ("bad", "t")
+    plain = release_values(release, tag="t", node=node, ca_bundle="Q0E=", pools=False)  # type: ignore[arg-type]
+    assert not any(k.startswith("kubeletPlugin.pools") for k in plain)
+    # Pool by pool: every release once, the canary first.
+    assert sorted(r.name for r in ROLLOUT_ORDER) == sorted(r.name for r in RELEASES)
+    assert len({r.pool for r in RELEASES}) == len(RELEASES)
 
 
 def test_kube_proxy_leaves_host_settings_alone(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ when a GPU was skipped; the discover path without --simulate imports neither pyd
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -54,18 +55,28 @@ def test_json_is_the_published_slices(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 @pytest.mark.parametrize(
-    ("profile", "shares"),
-    [("h200x8", None), ("a100x4-mig", None), ("h200x8", "memory"), ("a100x4-mig", "4")],
+    ("profile", "flags"),
+    [
+        ("h200x8", {}),
+        ("a100x4-mig", {}),
+        ("h200x8", {"consumable_shares": "memory"}),
+        ("a100x4-mig", {"consumable_shares": "4"}),
+        ("h200x8", {"consumable_shares": "memory", "mps_support": "true"}),
+        ("h100x8-mig", {"mig_mode": "dynamic"}),
+        ("h100x8-mig", {"mig_mode": "dynamic", "consumable_shares": "memory"}),
+        ("h100x8", {"driver_name": "gpu.example.com"}),
+    ],
 )
 def test_json_is_exactly_what_the_plugin_publishes(
-    capsys: pytest.CaptureFixture[str], profile: str, shares: str | None
+    capsys: pytest.CaptureFixture[str], profile: str, flags: dict[str, str]
 ) -> None:
     # The plugin's first publish on node n1, into an in-memory API server.
-    settings = plugin_settings.build_settings(
-        {"node_name": "n1", "simulate": profile, "consumable_shares": shares}, {}
-    )
+    settings = plugin_settings.build_settings({"node_name": "n1", "simulate": profile, **flags}, {})
     devices = inventory.discover(
-        inventory.backend_for(platforms.for_node(simulate=profile, node_name="n1"))
+        inventory.backend_for(
+            platforms.for_node(simulate=profile, node_name="n1"),
+            mig_dynamic=settings.mig_mode == "dynamic",
+        )
     )
     store = FakeSliceStore()
     publisher.Publisher(
@@ -76,8 +87,8 @@ def test_json_is_exactly_what_the_plugin_publishes(
         alive=lambda other: False,
     ).reconcile_once()
 
-    share_flag = ("--consumable-shares", shares) if shares else ()
-    rc, out, _ = run(capsys, "--simulate", profile, "--node-name", "n1", "-o", "json", *share_flag)
+    argv = [a for k, v in flags.items() for a in (f"--{k.replace('_', '-')}", v)]
+    rc, out, _ = run(capsys, "--simulate", profile, "--node", "n1", "-o", "json", *argv)
     assert rc == 0
     # Only the publisher's bookkeeping differs: its annotations, the Node as owner, and what
     # the API server adds (uid, resourceVersion).
@@ -94,6 +105,112 @@ def test_yaml_matches_json(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out_yaml, _ = run(capsys, "--simulate", "a100x4-mig", "--node-name", "n1", "-o", "yaml")
     assert rc == 0
     assert list(yaml.safe_load_all(out_yaml)) == json.loads(out_json)["items"]
+
+
+def test_resourceslices_is_the_yaml_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out_yaml, _ = run(capsys, "--simulate", "h200x8", "--node", "demo-h200", "-o", "yaml")
+    rc, out, _ = run(capsys, "--simulate", "h200x8", "--node", "demo-h200", "-o", "resourceslices")
+    assert rc == 0 and out == out_yaml
+    (obj,) = yaml.safe_load_all(out)
+    assert obj["spec"]["nodeName"] == "demo-h200" and obj["spec"]["pool"]["name"] == "demo-h200"
+
+
+def test_slice_settings_come_from_the_plugins_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In the plugin's pod `dra-gpu discover` prints that pod's slices: same variables.
+    monkeypatch.setenv("MIG_MODE", "dynamic")
+    monkeypatch.setenv("CONSUMABLE_SHARES", "memory")
+    monkeypatch.setenv("MPS_SUPPORT", "true")
+    _, env_out, _ = run(capsys, "--simulate", "h100x8-mig", "--node", "n1", "-o", "json")
+    for name in ("MIG_MODE", "CONSUMABLE_SHARES", "MPS_SUPPORT"):
+        monkeypatch.delenv(name)
+    flags = ("--mig-mode", "dynamic", "--consumable-shares", "memory", "--mps-support", "true")
+    _, flag_out, _ = run(capsys, "--simulate", "h100x8-mig", "--node", "n1", "-o", "json", *flags)
+    _, plain, _ = run(capsys, "--simulate", "h100x8-mig", "--node", "n1", "-o", "json")
+    assert env_out == flag_out != plain
+    device = json.loads(flag_out)["items"][-1]["spec"]["devices"][0]
+    assert device["allowMultipleAllocations"] is True and "consumesCounters" in device
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--mig-mode", "Dynamic", "MIG mode must be static or dynamic, got 'Dynamic'"),
+        ("--mps-support", "yes", "--mps-support must be true or false, got 'yes'"),
+        ("--consumable-shares", "half", "half"),
+        ("--driver-name", "GPU", "driver name must be a DNS subdomain"),
+    ],
+)
+def test_a_bad_slice_setting_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    rc, out, err = run(capsys, "--simulate", "h200x8", "--node", "n1", flag, value)
+    assert rc == 2 and out == ""
+    assert message in err
+
+
+# The plugin's settings that do not change its slices; every other one is a flag of discover.
+NOT_IN_SLICES = {
+    "node_name",  # discover's --node
+    "simulate",  # discover's --simulate
+    "driver_root",  # discover's --driver-root
+    "kubeconfig",
+    "plugin_registry_dir",
+    "plugin_data_dir",
+    "cdi_root",
+    "state_dir",
+    "host_driver_root",
+    "pod_uid",
+    "healthz_port",
+    "healthz_address",
+    "log_level",
+    "rediscover_interval",
+    "health_config",
+    "metrics_address",
+    "time_slicing_settings",  # applied at prepare, not published
+    "telemetry_interval",
+    "idle_after",
+    "idle_threshold",
+}
+
+
+def test_every_plugin_setting_that_changes_slices_is_a_flag_of_discover() -> None:
+    assert set(plugin_settings.ENV_VARS) - NOT_IN_SLICES == set(discover_cmd.SLICE_SETTINGS)
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    dests = {a.dest for a in sub.choices["discover"]._actions}
+    assert set(discover_cmd.SLICE_SETTINGS) <= dests
+
+
+def test_karpenter_templates_are_the_slices_without_per_gpu_identity(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ("--simulate", "h100x8-mig", "--node", "n1", "--mig-mode", "dynamic")
+    _, out_json, _ = run(capsys, *argv, "-o", "json")
+    rc, out, _ = run(capsys, *argv, "-o", "karpenter")
+    assert rc == 0
+    assert out.startswith("# Karpenter DynamicResources (NodeOverlay DRA proposal")
+    templates = yaml.safe_load(out)["dynamicResources"]["resourceSliceTemplates"]
+    published = json.loads(out_json)["items"]
+    assert [t["metadata"]["name"] for t in templates] == [s["metadata"]["name"] for s in published]
+    for template, obj in zip(templates, published, strict=True):
+        spec = template["spec"]
+        assert spec["driver"] == "gpu.nvidia.com" and spec["pool"] == {"name": "n1"}
+        assert spec.get("sharedCounters") == obj["spec"].get("sharedCounters")
+        for mine, theirs in zip(
+            spec.get("devices", []), obj["spec"].get("devices", []), strict=True
+        ):
+            assert mine["name"] == theirs["name"]
+            assert mine["capacity"] == theirs["capacity"]
+            assert mine.get("consumesCounters") == theirs.get("consumesCounters")
+            dropped = set(theirs["attributes"]) - set(mine["attributes"])
+            assert dropped == {"uuid", "parentUUID", "resource.kubernetes.io/pciBusID"} & set(
+                theirs["attributes"]
+            )
+            assert dropped  # each device is known by a UUID (its own or its GPU's)
+    assert any("sharedCounters" in t["spec"] for t in templates)
+    assert any("devices" in t["spec"] for t in templates)
 
 
 def test_unknown_profile_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

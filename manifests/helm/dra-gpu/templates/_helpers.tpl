@@ -69,3 +69,8 @@ namespaceSelector:
       operator: NotIn
       values: {{ toJson .Values.webhook.ignoredNamespaces }}
 {{- end -}}
+
+{{- /* The label that tells the pods of one kubelet-plugin pool from another's. */ -}}
+{{- define "dra-gpu.poolLabel" -}}
+dra-gpu/pool
+{{- end -}}
