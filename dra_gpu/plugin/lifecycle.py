@@ -24,7 +24,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dra_gpu.errors import UserError
-from dra_gpu.plugin import current_devices, driver_outage, health_monitor, inventory, node_plugin
+from dra_gpu.plugin import (
+    current_devices,
+    driver_outage,
+    health_monitor,
+    inventory,
+    node_plugin,
+    published,
+)
 from dra_gpu.plugin import settings as plugin_settings
 
 if TYPE_CHECKING:
@@ -64,6 +71,8 @@ class KubeletPlugin:
         self._events: EventPoster | None = None
         self._status: ClaimStatusWriter | None = None
         self._steps: list[Step] = []  # what the kit runs after each call, in order
+        # Dynamic MIG devices are created when allocated, before the pod binds (KEP-5007).
+        self._binds_ahead = False
 
     @classmethod
     def start(cls, settings: plugin_settings.Settings) -> KubeletPlugin:
@@ -116,12 +125,28 @@ class KubeletPlugin:
         refused = capabilities.dynamic_mig_refusal(detected)
         if settings.mig_mode == "dynamic" and refused is not None:
             raise StartError(refused)
+        # Dynamic MIG devices created before the pod binds (KEP-5007), where the server keeps
+        # binding conditions; elsewhere at prepare, as before, said once.
+        self._binds_ahead = settings.mig_mode == "dynamic" and capabilities.mig_before_binding(
+            detected
+        )
+        note = capabilities.binding_conditions_note(detected)
+        if settings.mig_mode == "dynamic" and note is not None:
+            log.info("%s", note)
 
         store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
         # The devices now: re-discovery changes them while the plugin runs.
         self._devices = current_devices.Inventory(devices)
         self._plugin = plugin = node_plugin.NodePlugin(
-            settings, store=store, devices=devices, instance=node_plugin.this_instance(settings)
+            settings,
+            store=store,
+            devices=devices,
+            instance=node_plugin.this_instance(settings),
+            binding=(
+                published.mig_binding_conditions(settings.driver_name)
+                if self._binds_ahead
+                else None
+            ),
         )
         self._monitor = health_monitor.for_plugin(
             settings,
