@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from dra_gpu.kubeletplugin.events import EventPoster
     from dra_gpu.kubeletplugin.publisher import SliceStore
     from dra_gpu.mig.dynamic import DynamicMig
+    from dra_gpu.plugin.mig_binding import MigBinder
     from dra_gpu.plugin.platforms import Platform
     from dra_gpu.prepare.state import DeviceState
 
@@ -73,6 +74,7 @@ class KubeletPlugin:
         self._steps: list[Step] = []  # what the kit runs after each call, in order
         # Dynamic MIG devices are created when allocated, before the pod binds (KEP-5007).
         self._binds_ahead = False
+        self._binder: MigBinder | None = None
 
     @classmethod
     def start(cls, settings: plugin_settings.Settings) -> KubeletPlugin:
@@ -215,6 +217,7 @@ class KubeletPlugin:
         settings = self.settings
         source = events.component(settings.driver_name)
         self._events = poster = events.EventPoster(client)
+        mig = dynamic_mig(settings, platform, keep_ahead=self._binds_ahead)
         self._state = state = device_state(
             settings,
             platform=platform,
@@ -222,9 +225,21 @@ class KubeletPlugin:
             inventory=self._devices.by_name,
             poster=poster,
             driver_gate=self._monitor.refusal,
+            mig=mig,
         )
         with self._plugin.exclusive():
             state.start()  # restore: roll back or finish what a crash left, rebuild CDI specs
+        if mig is not None and self._binds_ahead:
+            from dra_gpu.plugin import mig_binding
+
+            self._binder = mig_binding.MigBinder(
+                client,
+                driver=settings.driver_name,
+                node=settings.node_name,
+                mig=mig,
+                inventory=self._devices.by_name,
+                claims=state,
+            )
         # Written after the answer, by its own thread: the claims' status.devices.
         self._status = claim_status.ClaimStatusWriter(
             client,
@@ -268,6 +283,9 @@ class KubeletPlugin:
         if watcher is not None:
             watcher.start(self._plugin.stop_event)
         self._monitor.start(self._plugin.stop_event)
+        if self._binder is not None:
+            # Its first pass repairs what a plugin killed before reporting left (ahead entries).
+            self._binder.start(self._plugin.stop_event)
         # Start-up is over: what it allocated (modules, inventory, settings) lives as long as the
         # process. Frozen, it is no longer walked by every full garbage collection (20-35 ms on a
         # busy 2-core node, charged to whichever DRA call set it off). Collected first, so no
@@ -404,6 +422,7 @@ def device_state(
     inventory: Callable[[], Mapping[str, Device]],
     poster: EventPoster,
     driver_gate: Callable[[], str | None] | None = None,
+    mig: DynamicMig | None = None,
 ) -> DeviceState:
     """The prepare/unprepare state of this node (:class:`KubeletPlugin` restores it before
     serving it).
@@ -433,17 +452,22 @@ def device_state(
             if settings.rolling_update
             else contextlib.nullcontext
         ),
-        mig=dynamic_mig(settings, platform),
+        mig=mig if mig is not None else dynamic_mig(settings, platform),
         driver_gate=driver_gate,
     )
 
 
-def dynamic_mig(settings: plugin_settings.Settings, platform: Platform) -> DynamicMig | None:
-    """What creates and destroys MIG devices on a node set to ``--mig-mode=dynamic``."""
+def dynamic_mig(
+    settings: plugin_settings.Settings, platform: Platform, *, keep_ahead: bool = False
+) -> DynamicMig | None:
+    """What creates and destroys MIG devices on a node set to ``--mig-mode=dynamic``;
+    ``keep_ahead``: the binder runs (MIG devices made before binding are its to repair)."""
     if settings.mig_mode != "dynamic":
         return None
     from dra_gpu.mig.dynamic import DynamicMig
 
     return DynamicMig(
-        state_dir=settings.state_dir, instances=platform.mig_instances(settings.state_dir)
+        state_dir=settings.state_dir,
+        instances=platform.mig_instances(settings.state_dir),
+        keep_ahead=keep_ahead,
     )
