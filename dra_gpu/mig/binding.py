@@ -13,6 +13,8 @@ again). The node's plugin, seeing the allocation, creates the MIG devices and re
   devices made (``DynamicMig.ensure`` returns what the ledger names);
 * one failed: whatever was made for the claim is destroyed, then ``mig-failed`` True (with the
   error) on the failed device's entry, ``mig-created`` False on the others;
+* so that the scheduler does not allocate the refused placement again at once, the device is
+  tainted ``<driver>/mig-failed`` (NoSchedule) for :data:`REFUSED_TAINT_S` (:func:`refused_taint`);
 * the claim no longer allocated those devices (deallocated, deleted, replaced by another claim
   of the same name) while the node holds MIG devices made for it: they are destroyed.
 
@@ -32,6 +34,9 @@ CREATED_REASON: Final = "MigDeviceCreated"
 FAILED_REASON: Final = "MigDeviceCreationFailed"
 NOT_CREATED_REASON: Final = "MigDeviceNotCreated"
 MAX_MESSAGE: Final = 1024  # a condition's message is at most 32 KiB; ours stay short
+# How long a placement the GPU refused stays tainted: the scheduler's default binding timeout,
+# long enough for the claim to be allocated elsewhere, short enough for a passing refusal.
+REFUSED_TAINT_S: Final = 600.0
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,16 @@ def entries(
             conditions = [_condition(ready, True, CREATED_REASON, message, now)]
         out.append({"driver": driver, "pool": pool, "device": device, "conditions": conditions})
     return out
+
+
+def refused_taint(driver: str, *, since: str) -> dict[str, str]:
+    """The taint of a dynamic MIG device whose creation the GPU refused (``since``: RFC 3339)."""
+    return {
+        "key": f"{driver}/mig-failed",
+        "value": "placement-refused",
+        "effect": "NoSchedule",
+        "timeAdded": since,
+    }
 
 
 def claim_names(pod: Mapping[str, object]) -> list[str]:

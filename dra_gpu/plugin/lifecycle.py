@@ -239,6 +239,7 @@ class KubeletPlugin:
                 mig=mig,
                 inventory=self._devices.by_name,
                 claims=state,
+                on_refused=self._monitor.set_other_taints,  # the refused placement tainted
             )
         # Written after the answer, by its own thread: the claims' status.devices.
         self._status = claim_status.ClaimStatusWriter(

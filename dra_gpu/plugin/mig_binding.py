@@ -26,6 +26,11 @@ the same entries, so neither removes the other's. The apply names the claim's UI
 (``DeviceState.holding``), the lock its prepare and unprepare take, and whether it is prepared
 is read under it: the pod may bind and be prepared the moment the condition is True.
 
+**Steering away from a refused placement.** The KEP asks a driver that reports a failure to
+keep the device from being picked again: the refused device is tainted ``<driver>/mig-failed``
+(NoSchedule, ``binding.REFUSED_TAINT_S``) through ``on_refused`` (the health monitor publishes
+it with the health taints), set after the pass, outside every claim lock.
+
 **Crash safety.** The ledger entry is written durably before the MIG device is created
 (``DynamicMig.ensure``, marked ``ahead`` with the claim's name); a plugin killed before it
 reported finds, at its next start, the entry of a claim not prepared: ``reconcile`` leaves it
@@ -38,6 +43,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Final, Protocol, cast
@@ -89,6 +95,8 @@ class MigBinder:
         claims: ClaimLocks,
         clock: Callable[[], str] = now_rfc3339,
         poll_s: float = POLL_S,
+        on_refused: Callable[[Mapping[str, list[dict[str, str]]]], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client, self._driver, self._node = client, driver, node
         self._mig, self._inventory, self._claims = mig, inventory, claims
@@ -102,6 +110,10 @@ class MigBinder:
         self._pods: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._wake = threading.Event()  # a pod came or changed: look now
         self._threads: list[threading.Thread] = []
+        # The binder thread's only: refused device -> (until, when first refused, RFC 3339).
+        self._refused: dict[str, tuple[float, str]] = {}
+        self._dirty = False
+        self._on_refused, self._monotonic = on_refused, monotonic
 
     # --- threads ---------------------------------------------------------------------------
 
@@ -179,6 +191,24 @@ class MigBinder:
         """Look at every pending claim once; True while any is pending (look again soon)."""
         with self._lock:
             pods = list(self._pods.values())
+        try:
+            return self._pass(pods)
+        finally:
+            self._taint_refused()
+
+    def _taint_refused(self) -> None:
+        now = self._monotonic()
+        before = dict(self._refused)
+        self._refused = {d: v for d, v in self._refused.items() if v[0] > now}
+        if self._on_refused is not None and (self._refused != before or self._dirty):
+            taints = {
+                d: [binding.refused_taint(self._driver, since=since)]
+                for d, (_, since) in self._refused.items()
+            }
+            self._on_refused(taints)
+        self._dirty = False
+
+    def _pass(self, pods: list[tuple[str, tuple[str, ...]]]) -> bool:
         completed = self._claims.completed()
         ahead = self._mig.ahead(completed)
         targets: dict[tuple[str, str], None] = {}
@@ -245,6 +275,11 @@ class MigBinder:
             # Nothing of the failed attempt stays on the GPU: a partial GPU instance, and the
             # claim's other devices, are destroyed before the failure is reported.
             self._mig.release(want.uid)
+            self._refused[failure[0]] = (
+                self._monotonic() + binding.REFUSED_TAINT_S,
+                self._clock(),
+            )
+            self._dirty = True
             log.warning(
                 "claim %s/%s: MIG device %s could not be created before binding: %s",
                 want.namespace,

@@ -10,6 +10,8 @@ Cases:
   prepare and unprepare;
 - a creation the GPU refuses (another instance on the placement) leaves nothing behind (no
   instance, no ledger entry) and reports ``mig-failed`` True with the error, once;
+- the refused device is tainted ``mig-failed`` (NoSchedule) so the scheduler allocates another
+  placement, and the taint goes after ``REFUSED_TAINT_S``;
 - deallocation without a pod (the allocation removed, or the claim deleted, or replaced by one
   of the same name) destroys what was made;
 - the plugin killed between creating the MIG device and reporting: the next start keeps the
@@ -174,6 +176,8 @@ class Binding:
 
     def __init__(self, root: Path, api: FakeApi | None = None) -> None:
         self.node = Node(root)
+        self.taints: list[Mapping[str, list[dict[str, str]]]] = []
+        self.now = 1000.0
         self.api = api or FakeApi()
         self.mig = DynamicMig(state_dir=root / "state", instances=self.node.sim, keep_ahead=True)
         self.state: DeviceState = self.node.state(mig=self.mig)
@@ -186,6 +190,8 @@ class Binding:
             inventory=lambda: self.node.devices,
             claims=self.state,
             clock=lambda: "2026-12-06T16:00:00Z",
+            on_refused=self.taints.append,
+            monotonic=lambda: self.now,
         )
 
     def nominate(self, *uids: str) -> None:
@@ -250,8 +256,23 @@ def test_a_refused_placement_leaves_nothing_and_reports_the_failure(tmp_path: Pa
     (_, body) = node.api.applies[0]
     failed = next(c for c in body["status"]["devices"][0]["conditions"] if c["type"] == FAILED)
     assert failed["reason"] == "MigDeviceCreationFailed" and theirs.uuid in failed["message"]
+    (taints,) = node.taints  # the scheduler is steered to another placement
+    assert taints == {
+        DEVICE: [
+            {
+                "key": "gpu.nvidia.com/mig-failed",
+                "value": "placement-refused",
+                "effect": "NoSchedule",
+                "timeAdded": "2026-12-06T16:00:00Z",
+            }
+        ]
+    }
     node.binder.pass_once()  # reported: the scheduler deallocates; not tried again
     assert len(node.api.applies) == 1 and node.mig.ledger.load() == []
+    assert len(node.taints) == 1
+    node.now += binding.REFUSED_TAINT_S + 1
+    node.binder.pass_once()
+    assert node.taints[-1] == {}  # the placement may be tried again
 
 
 def test_a_failed_report_is_written_again(tmp_path: Path) -> None:
