@@ -59,6 +59,7 @@ from dra_gpu.mig import binding
 from dra_gpu.mig.dynamic import DynamicMig, Owned
 from dra_gpu.mig.instances import InstanceError
 from dra_gpu.plugin import published
+from dra_gpu.prepare.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,11 @@ class MigBinder:
         self._dirty = False
 
     def _pass(self, pods: list[tuple[str, tuple[str, ...]]]) -> bool:
-        completed = self._claims.completed()
+        try:
+            completed = self._claims.completed()
+        except (CheckpointError, OSError) as err:  # OSError: its lock not taken in time, too
+            log.warning("dynamic MIG binding: cannot read the checkpoint (%s); again soon", err)
+            return True
         ahead = self._mig.ahead(completed)
         targets: dict[tuple[str, str], None] = {}
         for namespace, names in pods:
@@ -223,6 +228,10 @@ class MigBinder:
                 self.look(namespace, name, held)
             except errors.ApiError as err:
                 log.info("dynamic MIG binding of claim %s/%s: %s; again soon", namespace, name, err)
+            except InstanceError as err:  # a MIG device that could not be destroyed
+                log.warning(
+                    "dynamic MIG binding of claim %s/%s: %s; again soon", namespace, name, err
+                )
         return bool(targets)
 
     def look(self, namespace: str, name: str, held: list[Owned]) -> binding.Step:
