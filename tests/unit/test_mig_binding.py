@@ -18,6 +18,8 @@ Cases:
   device and reports it; killed before the device existed, it is created and reported; the
   claim deallocated meanwhile, it is destroyed; a plugin without binding conditions destroys
   such devices at start, as before;
+- ``binding.step`` on its own: a claim allocated two devices here, one made, gets the other made;
+  one that now has another device releases the first; a prepared claim is prepare's;
 - the pods nominated to the node: their claims (named, or made from templates) are looked at
   until the pod is bound or gone.
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fake_claims import claim, result
@@ -36,6 +38,7 @@ from test_dynamic_mig import Node, dynamic_devices, ref
 from dra_gpu.devices import naming, simulated
 from dra_gpu.kube import errors
 from dra_gpu.kube.client import KubeClient
+from dra_gpu.kube.objects import ResourceClaim
 from dra_gpu.kubeletplugin import slices
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.mig import binding
@@ -104,6 +107,10 @@ def test_binding_conditions_within_the_api_limit() -> None:
 READY = "gpu.nvidia.com/mig-created"
 FAILED = "gpu.nvidia.com/mig-failed"
 DEVICE = "gpu-0-mig-3g40gb-9-4"
+
+
+def as_claim(body: dict[str, Any]) -> ResourceClaim:
+    return cast(ResourceClaim, body)
 
 
 def allocated(uid: str, device: str = DEVICE) -> dict[str, Any]:
@@ -405,3 +412,27 @@ def test_claims_not_waiting_for_this_node_are_left_alone(tmp_path: Path) -> None
     node.nominate("u1", "u2", "u3")  # u3: not allocated yet (read again next pass)
     assert node.binder.pass_once()
     assert node.node.instances() == [] and node.api.applies == []
+
+
+def test_step_decides_from_the_claim_the_ledger_and_the_checkpoint() -> None:
+    other = "gpu-0-mig-1g10gb-19-0"
+    two = allocated("u1")
+    two["status"]["allocation"]["devices"]["results"].append(
+        {**allocated("u1", other)["status"]["allocation"]["devices"]["results"][0], "request": "b"}
+    )
+    args: dict[str, Any] = {
+        "driver": "gpu.nvidia.com",
+        "pool": NODE,
+        "ready": READY,
+        "failed": FAILED,
+    }
+    half = binding.step(as_claim(two), uid="u1", held=[DEVICE], prepared=False, **args)
+    assert isinstance(half, binding.Make) and half.wanted.devices == tuple(sorted([DEVICE, other]))
+    moved = binding.step(
+        as_claim(allocated("u1", other)), uid="u1", held=[DEVICE], prepared=False, **args
+    )
+    assert isinstance(moved, binding.Release) and moved.uid == "u1"
+    owned = binding.step(as_claim(two), uid="u1", held=[DEVICE], prepared=True, **args)
+    assert isinstance(owned, binding.Forget)
+    fresh = binding.step(as_claim(allocated("u1")), uid=None, held=[], prepared=False, **args)
+    assert isinstance(fresh, binding.Make)
