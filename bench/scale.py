@@ -677,6 +677,7 @@ class Figures:
     watches: float = 0.0
     watches_slices: float = 0.0
     workload: Workload | None = None
+    workload_calls: dict[str, float] = field(default_factory=dict)  # the binders', per pod
     explain_s: float | None = None
     load: tuple[float, float, float] | None = None
     stopped: str | None = None
@@ -796,8 +797,15 @@ def _measure(
     counts = workers.counts()
     fig.rewrites = sum(counts.get(k, 0) for k in ("POST resourceslices", "PUT resourceslices"))
     log(f"{fig.run.label}: workload of {args.pods} pods at {args.rate}/s")
+    before = workers.counts()
     fig.workload = run_workload(client, fig.run, args.pods, args.rate)
     log(f"{fig.run.label}: {fig.workload}")
+    binders = {
+        k: (v - before.get(k, 0)) / max(1, args.pods)
+        for k, v in workers.counts().items()
+        if k.split(" ")[-1].startswith(("pods", "resourceclaims"))
+    }
+    fig.workload_calls = {k: v for k, v in binders.items() if v}
     fig.explain_s = explain_seconds(cluster.kubeconfig, fig.run, workdir)
     log(f"{fig.run.label}: dra-gpu explain took {fig.explain_s:.1f} s")
     fig.load = os.getloadavg()
@@ -887,6 +895,10 @@ def table(figs: Sequence[Figures], nodes: int) -> list[str]:
         ("pod created -> allocated p99 (ms)", wl("alloc_p99_ms", 0)),
         ("pod created -> bound p99 (ms)", wl("bound_p99_ms", 0)),
         ("dra-gpu explain, whole cluster (s)", lambda f: _opt(f.explain_s)),
+        (
+            "workload: binders' calls per pod",
+            lambda f: ", ".join(f"{k} {v:.1f}" for k, v in sorted(f.workload_calls.items())) or "-",
+        ),
         ("steady: all requests /node/min", lambda f: _sum(f.steady_all)),
         ("steady: our publishers' /node/min", lambda f: _sum(f.steady_ours)),
     ]

@@ -9,6 +9,10 @@ A layout is what every simulated node publishes and what each pod's claim asks f
 - ``mig``: ``a100x4-mig`` (one full GPU, 9 MIG devices), a claim for a ``3g.20gb`` MIG device;
 - ``dynamic-mig``: ``h100x8-mig`` as ``--mig-mode dynamic`` publishes it (``DynamicMigBackend``:
   every profile at every placement, consuming shared counters), a claim for ``1g.10gb``;
+- ``dynamic-mig-bound``: ``dynamic-mig`` where the API server serves binding conditions: every
+  partition carries ``mig-created`` / ``mig-failed``, and each node runs the plugin's binder
+  (``plugin.mig_binding``: the watch on pods nominated to the node, a GET of their claims, the
+  MIG device made on simulated GPUs, the condition applied); not in the default run;
 - ``no-versions``: ``static`` without its three version attributes (``cudaComputeCapability``,
   ``driverVersion``, ``cudaDriverVersion``), the same claim: not a layout the driver could
   publish (claims written for NVIDIA's driver compare those attributes with ``semver``), but the
@@ -52,6 +56,7 @@ class Layout:
     per_node: int  # allocations per node that the claim's request can get
     summary: str
     requests: Mapping[str, str] = field(default_factory=dict)  # the claim's capacity.requests
+    binds: bool = False  # each node runs the binder (dynamic MIG before binding)
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,12 @@ class _TypeOnly:
     partition: slices.CounterUse | None = None
 
 
+def devices_of(layout: Layout, node: str) -> list[Any]:
+    """The devices a binding layout's node publishes (what its binder creates MIG devices of)."""
+    assert layout.binds
+    return _devices("h100x8-mig", node, dynamic=True)
+
+
 def _devices(profile: str, node: str, *, dynamic: bool) -> list[Any]:
     backend: Any = simulated.SimulatedBackend(
         profile=simulated.BUILTIN_PROFILES[profile], node_name=node
@@ -73,11 +84,20 @@ def _devices(profile: str, node: str, *, dynamic: bool) -> list[Any]:
     return list(naming.build_devices(backend.discover().gpus))
 
 
-def _product(profile: str, *, dynamic: bool, mode: shares.ShareMode | None = None) -> Render:
+def _product(
+    profile: str, *, dynamic: bool, mode: shares.ShareMode | None = None, binds: bool = False
+) -> Render:
+    binding = published.mig_binding_conditions(DRIVER_NAME) if binds else None
+
     def render(node: str, uid: str) -> list[JSON]:
         devices = _devices(profile, node, dynamic=dynamic)
         return published.node_slices(
-            devices, driver_name=DRIVER_NAME, node_name=node, node_uid=uid, shares=mode
+            devices,
+            driver_name=DRIVER_NAME,
+            node_name=node,
+            node_uid=uid,
+            shares=mode,
+            binding=binding,
         )
 
     return render
@@ -147,6 +167,15 @@ LAYOUTS: Mapping[str, Layout] = {
         f"{_attr('profile')} == '1g.10gb'",
         56,
         "h100x8-mig, dynamic (200 placements, counters)",
+    ),
+    "dynamic-mig-bound": Layout(
+        "dynamic-mig-bound",
+        _product("h100x8-mig", dynamic=True, binds=True),
+        MIG_CLASS,
+        f"{_attr('profile')} == '1g.10gb'",
+        56,
+        "h100x8-mig, dynamic, made before binding",
+        binds=True,
     ),
     "no-versions": Layout(
         "no-versions",

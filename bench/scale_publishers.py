@@ -11,7 +11,11 @@ over the product's ``kube.client`` connection, rendering ``published.node_slices
 simulated profile's devices. The benchmark's own parts: this process hosting many of them
 (the product runs one per node; here too each node has its own connection pool),
 ``CountingStore`` (counts each API call the publishers make), and
-the line protocol below.
+the line protocol below. With a binding layout (``dynamic-mig-bound``) each node also runs the
+product's binder (``plugin.mig_binding.MigBinder``: its pod watch, claim GETs, MIG devices made
+on the node's simulated GPUs in a temporary state directory, status applies), over a
+``CountingClient``; the benchmark's part there is ``MadeIsPrepared``: a claim counts as prepared
+once its MIG device is made, as on a node whose kubelet prepares the moment the pod binds.
 
 Protocol, one JSON object per line: the worker prints ``{"ready": n}`` once its publishers are
 built; on ``go`` it starts them all and prints ``{"synced": [unix time per node]}`` once every
@@ -25,10 +29,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import logging
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -40,9 +47,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench import scale_layouts  # noqa: E402
 from dra_gpu import DRIVER_NAME  # noqa: E402
-from dra_gpu.kube.client import connect  # noqa: E402
+from dra_gpu.kube.client import KubeClient, connect  # noqa: E402
 from dra_gpu.kube.objects import ResourceSlice  # noqa: E402
 from dra_gpu.kubeletplugin import publisher, slice_api, slice_plan  # noqa: E402
+from dra_gpu.mig.dynamic import SIMULATED_STATE_NAME, DynamicMig  # noqa: E402
+from dra_gpu.mig.instances import SimulatedInstances  # noqa: E402
+from dra_gpu.plugin.mig_binding import MigBinder  # noqa: E402
 
 JSON = dict[str, Any]
 SYNC_TIMEOUT_S = 600.0
@@ -94,6 +104,46 @@ class CountingStore:
         return self._inner.watch_slices(stop)
 
 
+class CountingClient(KubeClient):
+    """The node's connection for its binder, counting each call (``GET resourceclaims`` …)."""
+
+    def __init__(
+        self, inner: KubeClient, counts: collections.Counter[str], lock: threading.Lock
+    ) -> None:  # no super().__init__: every call goes to ``inner``
+        self._inner, self._counts, self._lock = inner, counts, lock
+
+    def _count(self, method: str, path: str) -> None:
+        resource = "pods" if path.startswith("/api/v1/pods") else "resourceclaims"
+        if path.endswith("/status"):
+            resource += "/status"
+        verb = "LIST" if method == "GET" and resource == "pods" else method
+        with self._lock:
+            self._counts[f"{verb} {resource}"] += 1
+
+    def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        self._count(method, path)
+        return self._inner.request(method, path, **kwargs)
+
+    def watch(self, path: str, **kwargs: Any) -> Iterator[JSON]:
+        with self._lock:
+            self._counts["WATCH pods"] += 1
+        return self._inner.watch(path, **kwargs)
+
+
+class MadeIsPrepared:
+    """``mig_binding.ClaimLocks`` of a node without a kubelet: a claim is prepared once its MIG
+    device is made (in the ledger)."""
+
+    def __init__(self, mig: DynamicMig) -> None:
+        self._mig = mig
+
+    def holding(self, uid: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def completed(self) -> set[str]:
+        return {e.claim for e in self._mig.ledger.load()}
+
+
 def _say(obj: JSON) -> None:
     print(json.dumps(obj), flush=True)
 
@@ -143,7 +193,9 @@ class Fleet:
         self._stop = threading.Event()
         started = time.time_ns()
         self.publishers: list[publisher.Publisher] = []
+        self.binders: list[MigBinder] = []
         self._clients = []
+        self._state = Path(tempfile.mkdtemp(prefix="scale-binders-")) if layout.binds else None
         for node in nodes:
             # A connection pool per node, as each node's plugin has its own: one pool shared by
             # hundreds of publishers keeps too few connections open and pays a TLS handshake on
@@ -162,11 +214,30 @@ class Fleet:
                     alive=lambda _other: False,  # no other instance runs on a simulated node
                 )
             )
+            if self._state is not None:
+                self.binders.append(self._binder(layout, node, client))
+
+    def _binder(self, layout: scale_layouts.Layout, node: str, client: KubeClient) -> MigBinder:
+        assert self._state is not None
+        state_dir = self._state / node
+        instances = SimulatedInstances(state_dir / SIMULATED_STATE_NAME, node_name=node)
+        mig = DynamicMig(state_dir=state_dir, instances=instances, keep_ahead=True)
+        devices = {d.name: d for d in scale_layouts.devices_of(layout, node)}
+        return MigBinder(
+            CountingClient(client, self._counts, self._lock),
+            driver=DRIVER_NAME,
+            node=node,
+            mig=mig,
+            inventory=lambda: devices,
+            claims=MadeIsPrepared(mig),
+        )
 
     def go(self, timeout_s: float) -> list[float]:
         """Start every publisher; the time each one was first in sync (0.0: not in time)."""
         for pub in self.publishers:
             pub.start(self._stop)
+        for binder in self.binders:
+            binder.start(self._stop)
         synced: list[float] = [0.0] * len(self.publishers)
         begin = time.monotonic()
         deadline, progress = begin + timeout_s, begin + PROGRESS_S
@@ -189,6 +260,8 @@ class Fleet:
         self._stop.set()
         for client in self._clients:
             client.close()
+        if self._state is not None:
+            shutil.rmtree(self._state, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ error. So the facts are probed, not assumed from the version number alone:
 - dry-run creates (``?dryRun=All``, nothing is stored) of a ResourceSlice on this node, one with a
   tainted device and one with a counter set: what comes back says whether the server keeps device
   taints (health taints) and shared counters (partitionable devices).
+- a dry-run create of a slice whose device carries ``bindingConditions`` and
+  ``bindingFailureConditions`` (KEP-5007, ``DRADeviceBindingConditions``: alpha and off in 1.34
+  and 1.35, beta and on from 1.36): whether dynamic MIG devices can be created before the pod
+  binds (docs/dynamic-mig.md).
 - the Node's ``kubeletVersion``: which ``DRAResourceHealth`` version the kubelet asks for, and
   whether it watches device health at all.
 
@@ -87,6 +91,9 @@ class Capabilities:
     kubelet: KubeVersion | None = None
     # DeviceClass extendedResourceName is kept (DRAExtendedResource on); None: not probed.
     extended_resources: bool | None = None
+    # Device bindingConditions are kept (DRADeviceBindingConditions on, which needs
+    # DRAResourceClaimDeviceStatus); None: not probed (controller).
+    binding_conditions: bool | None = None
 
     @property
     def counters_in_own_slice(self) -> bool:
@@ -162,6 +169,7 @@ class Capabilities:
             f"device taints {on(self.device_taints)}, "
             f"partitionable devices {on(self.partitionable_devices)} "
             f"(counters in {where}); "
+            f"binding conditions {on(self.binding_conditions)}; "
             f"claim device status {self.device_status_stage} "
             f"(needs {self.device_status_permission}); "
             f"{kubelet}"
@@ -192,6 +200,11 @@ def _kept_counters(answer: Mapping[str, Any] | None) -> bool:
     return bool(((answer or {}).get("spec") or {}).get("sharedCounters"))
 
 
+def _kept_binding_conditions(answer: Mapping[str, Any] | None) -> bool:
+    devices = ((answer or {}).get("spec") or {}).get("devices") or []
+    return any(d.get("bindingConditions") and d.get("bindingFailureConditions") for d in devices)
+
+
 def from_answers(
     *,
     version: Mapping[str, Any],
@@ -201,11 +214,13 @@ def from_answers(
     node: Node | None = None,
     class_probe: Mapping[str, Any] | None = None,
     slices_probed: bool = True,
+    binding_probe: Mapping[str, Any] | None = None,
 ) -> Capabilities:
     """Capabilities from the server's answers (pure). ``None`` for an answer that failed: a
     probe that failed counts as the feature being off; a missing group as no ``v1``.
     ``class_probe`` None: the DeviceClass probe was not made (a failed one is ``{}``);
-    ``slices_probed`` False: the slice probes were not made (no node: the controller)."""
+    ``slices_probed`` False: the slice probes were not made (no node: the controller);
+    ``binding_probe``: the answer to the binding-conditions slice (None: refused or failed)."""
     server = parse_version(str(version.get("gitVersion") or ""))
     served = served_versions(group or {})
     if not server.at_least(*OLDEST) or "v1" not in served:
@@ -225,6 +240,9 @@ def from_answers(
         resource_versions=served,
         device_taints=None if slices_probed is False else _kept_taints(taint_probe),
         partitionable_devices=None if slices_probed is False else _kept_counters(counter_probe),
+        binding_conditions=(
+            None if slices_probed is False else _kept_binding_conditions(binding_probe)
+        ),
         kubelet=kubelet,
         extended_resources=(
             None
@@ -234,9 +252,10 @@ def from_answers(
     )
 
 
-def probe_slices(*, driver: str, node: str) -> tuple[JSON, JSON]:
-    """Two slices for dry-run creates on ``node``: a device with a taint, and a counter set
-    (apart, as 1.35+ requires). They name this node, so a node-confinement policy admits them."""
+def probe_slices(*, driver: str, node: str) -> tuple[JSON, JSON, JSON]:
+    """Three slices for dry-run creates on ``node``: a device with a taint, a counter set (apart,
+    as 1.35+ requires), and a device with binding conditions. They name this node, so a
+    node-confinement policy admits them."""
 
     def body(suffix: str, spec: JSON) -> JSON:
         return {
@@ -253,9 +272,15 @@ def probe_slices(*, driver: str, node: str) -> tuple[JSON, JSON]:
 
     taint = {"key": f"{driver}/{PROBE_DEVICE}", "value": "probe", "effect": "NoSchedule"}
     counters = [{"name": PROBE_DEVICE, "counters": {"memory": {"value": "1"}}}]
+    binding = {
+        "name": PROBE_DEVICE,
+        "bindingConditions": [f"{driver}/probe-ready"],
+        "bindingFailureConditions": [f"{driver}/probe-failed"],
+    }
     return (
         body("taint-probe", {"devices": [{"name": PROBE_DEVICE, "taints": [taint]}]}),
         body("counter-probe", {"sharedCounters": counters}),
+        body("binding-probe", {"devices": [binding]}),
     )
 
 
@@ -295,11 +320,12 @@ def detect(
         group: JSON | None = client.request("GET", f"/apis/{GROUP}")
     except errors.NotFound:
         group = None
-    taint_probe = counter_probe = node_obj = None
+    taint_probe = counter_probe = binding_probe = node_obj = None
     if node is not None and group is not None:
-        taint_body, counter_body = probe_slices(driver=driver, node=node)
+        taint_body, counter_body, binding_body = probe_slices(driver=driver, node=node)
         taint_probe = _dry_run(client, SLICES_PATH, taint_body)
         counter_probe = _dry_run(client, SLICES_PATH, counter_body)
+        binding_probe = _dry_run(client, SLICES_PATH, binding_body)
         try:
             # The API boundary: the server's JSON is taken to be a Node, unchecked.
             node_obj = cast(Node, client.request("GET", f"/api/v1/nodes/{quote(node)}"))
@@ -316,6 +342,7 @@ def detect(
         node=node_obj,
         class_probe=class_answer,
         slices_probed=node is not None,
+        binding_probe=binding_probe,
     )
 
 
@@ -358,6 +385,27 @@ def dynamic_mig_refusal(caps: Capabilities | None) -> str | None:
             "their own (Kubernetes 1.35 and later); start the plugin with --mig-mode=static"
         )
     return None
+
+
+def mig_before_binding(caps: Capabilities | None) -> bool:
+    """Whether dynamic MIG devices are created before the pod binds: the API server keeps the
+    devices' binding conditions (KEP-5007). False when not served or not probed."""
+    return caps is not None and caps.binding_conditions is True
+
+
+def binding_conditions_note(caps: Capabilities | None) -> str | None:
+    """The one line a dynamic-MIG plugin logs where binding conditions are not served (None:
+    they are, or the server was not asked)."""
+    if caps is None or caps.binding_conditions is not False:
+        return None
+    return caps.refusal(
+        "dynamic MIG before binding (device binding conditions)",
+        gate="DRADeviceBindingConditions",
+        effect=(
+            "MIG devices are created at prepare, after the pod is bound to the node; a "
+            "creation that fails leaves the pod on this node with the prepare failing"
+        ),
+    )
 
 
 def plugin_report(caps: Capabilities | None) -> list[tuple[int, str]]:

@@ -121,6 +121,8 @@ class DeviceRequestAllocationResult(TypedDict, total=False):
     shareID: str
     consumedCapacity: dict[str, str]  # capacity name -> quantity (shared devices only)
     tolerations: list[DeviceToleration]
+    bindingConditions: list[str]  # copied from the slice (KEP-5007)
+    bindingFailureConditions: list[str]
 
 
 class DeviceAllocationConfiguration(DeviceClaimConfiguration, total=False):

@@ -19,6 +19,11 @@ Partitionable devices: devices that consume counters list them under ``consumesC
 counter sets they name are published in slices of their own in the same pool (``pool_layout``:
 how Kubernetes 1.35+ wants it), and a slice holding such devices carries at most 64 of them.
 
+Binding conditions (KEP-5007, :class:`BindingConditions`, by device name): the conditions the
+driver reports in an allocated claim's ``status.devices`` before the scheduler binds the pod
+(``bindingConditions``, all True) or to send the claim back to be allocated again
+(``bindingFailureConditions``, any True).
+
 Consumable devices (KEP-5075, :class:`ConsumableDevice`) carry ``allowMultipleAllocations`` and
 a ``requestPolicy`` on the capacities their ``request_policies`` name.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 API_VERSION = "resource.k8s.io/v1"
@@ -140,7 +146,22 @@ def encode_attribute(value: AttributeValue) -> dict[str, Any]:
     return {"version": str(value)}
 
 
-def device_to_api(device: SliceDevice, taints: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+@dataclass(frozen=True)
+class BindingConditions:
+    """A device's binding conditions (at most 4 of each, valid condition types)."""
+
+    ready: tuple[str, ...]  # all True: the scheduler binds the pod
+    failed: tuple[str, ...]  # any True: the claim is deallocated and allocated again
+
+
+MAX_BINDING_CONDITIONS = 4
+
+
+def device_to_api(
+    device: SliceDevice,
+    taints: Sequence[Mapping[str, Any]] = (),
+    binding: BindingConditions | None = None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": device.name,
         "attributes": {k: encode_attribute(v) for k, v in device.attributes.items()},
@@ -159,6 +180,9 @@ def device_to_api(device: SliceDevice, taints: Sequence[Mapping[str, Any]] = ())
         ]
     if taints:
         out["taints"] = [dict(t) for t in taints]
+    if binding is not None:
+        out["bindingConditions"] = list(binding.ready)
+        out["bindingFailureConditions"] = list(binding.failed)
     return out
 
 
@@ -189,6 +213,7 @@ def pool_layout(
     devices: Sequence[SliceDevice],
     devices_per_slice: int,
     taints: Mapping[str, Sequence[Mapping[str, Any]]],
+    binding: Mapping[str, BindingConditions] | None = None,
 ) -> list[dict[str, Any]]:
     """The spec parts of a pool's slices, in order: counter sets first, then devices.
 
@@ -204,7 +229,11 @@ def pool_layout(
     if sets:
         devices_per_slice = min(devices_per_slice, MAX_DEVICES_PER_SLICE_WITH_COUNTERS)
     parts += [
-        {"devices": [device_to_api(d, taints.get(d.name, ())) for d in chunk]}
+        {
+            "devices": [
+                device_to_api(d, taints.get(d.name, ()), (binding or {}).get(d.name)) for d in chunk
+            ]
+        }
         for chunk in _chunks(devices, devices_per_slice)
     ]
     return parts
@@ -237,14 +266,22 @@ def build_resource_slices(
     node_owner: tuple[str, str] | None,
     devices_per_slice: int = MAX_DEVICES_PER_SLICE,
     taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    binding: Mapping[str, BindingConditions] | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices that publish ``devices`` for ``node_name`` (order preserved).
 
     ``node_owner`` is ``(node name, node uid)``: the slices are then garbage-collected with the
     Node. ``devices_per_slice`` may only lower the API limit. ``taints``: device name -> its
     taints (``device_taints``); while any device has one, a slice holds at most 64 devices, the
-    API server's limit for slices with taints.
+    API server's limit for slices with taints. ``binding``: device name -> its binding conditions.
     """
+    for name, conditions in (binding or {}).items():
+        if not 0 < len(conditions.ready) <= MAX_BINDING_CONDITIONS or not (
+            0 < len(conditions.failed) <= MAX_BINDING_CONDITIONS
+        ):
+            raise ValueError(
+                f"{name}: 1 to {MAX_BINDING_CONDITIONS} binding conditions of each kind"
+            )
     if not 0 < devices_per_slice <= MAX_DEVICES_PER_SLICE:
         raise ValueError(f"devices_per_slice must be 1..{MAX_DEVICES_PER_SLICE}")
     taints = taints or {}
@@ -252,7 +289,7 @@ def build_resource_slices(
         devices_per_slice = min(devices_per_slice, MAX_DEVICES_PER_SLICE_WITH_TAINTS)
     if pool_generation < 0:
         raise ValueError("pool_generation must be >= 0")
-    parts = pool_layout(devices, devices_per_slice, taints)
+    parts = pool_layout(devices, devices_per_slice, taints, binding)
     slices: list[dict[str, Any]] = []
     for index, part in enumerate(parts):
         metadata: dict[str, Any] = {

@@ -13,6 +13,11 @@ Crash safety, both ways (``reconcile``, run at start-up with the claims the chec
 the kubelet (or an unprepare that did not finish): its instance is destroyed, reported, and the
 entry dropped; the kubelet's retry creates it again. Unprepare destroys first and then drops the
 entry, so a crash in between destroys again (a no-op) on the next unprepare or start.
+
+Created before binding (KEP-5007, ``plugin.mig_binding``): an entry made for an allocated claim
+before its pod is bound is marked ``ahead`` and names the claim's namespace and name. Where the
+binder runs (``keep_ahead``), ``reconcile`` leaves such entries to it: it asks the API server
+whether the claim is still allocated those devices and reports the condition or destroys them.
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ class Owned:
     gpu_uuid: str
     gi_profile_id: int
     start: int
+    # Created for an allocated claim before its pod bound (KEP-5007): the claim's name, so
+    # that a restarted plugin can ask whether it is still allocated these devices.
+    ahead: bool = False
+    namespace: str = ""
+    name: str = ""
 
     def matches(self, instance: MigInstance) -> bool:
         return instance.at(self.gpu_uuid, self.start, self.gi_profile_id)
@@ -75,12 +85,18 @@ class Ledger:
 class DynamicMig:
     """Creates and destroys the MIG instances of dynamic-MIG claims on this node."""
 
-    def __init__(self, *, state_dir: Path, instances: MigInstances) -> None:
+    def __init__(
+        self, *, state_dir: Path, instances: MigInstances, keep_ahead: bool = False
+    ) -> None:
         self.ledger = Ledger(state_dir)
         self.instances = instances
+        self.keep_ahead = keep_ahead  # reconcile leaves ``ahead`` entries to the binder
 
-    def ensure(self, claim: str, device: Device) -> MigInstance:
-        """The instance for ``device`` (a partition) owned by ``claim``, created if needed."""
+    def ensure(
+        self, claim: str, device: Device, *, ahead: tuple[str, str] | None = None
+    ) -> MigInstance:
+        """The instance for ``device`` (a partition) owned by ``claim``, created if needed.
+        ``ahead``: (namespace, name) of a claim whose pod is not bound yet (the binder)."""
         part = device.partition
         if part is None:
             raise ValueError(f"{device.name} is not a dynamic MIG partition")
@@ -101,7 +117,17 @@ class DynamicMig:
                     f"{instance.start}), {owner}"
                 )
         if not mine:
-            entry = Owned(claim, device.name, gpu.uuid, part.gi_profile_id, part.start)
+            namespace, name = ahead or ("", "")
+            entry = Owned(
+                claim,
+                device.name,
+                gpu.uuid,
+                part.gi_profile_id,
+                part.start,
+                ahead=ahead is not None,
+                namespace=namespace,
+                name=name,
+            )
             self.ledger.change(lambda entries: [*entries, entry])
         instance = self.instances.create(gpu, part)
         log.info("created MIG device %s for claim %s: %s", instance.uuid, claim, instance)
@@ -137,10 +163,17 @@ class DynamicMig:
     def _present(self, entry: Owned) -> MigInstance | None:
         return next((i for i in self.instances.list(entry.gpu_uuid) if entry.matches(i)), None)
 
+    def ahead(self, completed: Collection[str]) -> list[Owned]:
+        """The entries made before binding whose claims are not prepared (the binder's)."""
+        return [e for e in self.ledger.load() if e.ahead and e.claim not in completed]
+
     def reconcile(self, completed: Collection[str]) -> list[str]:
-        """Destroy instances of ours that no completed claim owns; one message per instance."""
+        """Destroy instances of ours that no completed claim owns; one message per instance.
+        With ``keep_ahead``, those made before binding are left to the binder."""
         messages: list[str] = []
-        for claim in sorted({e.claim for e in self.ledger.load() if e.claim not in completed}):
+        kept = {e.claim for e in self.ahead(completed)} if self.keep_ahead else set()
+        orphans = {e.claim for e in self.ledger.load() if e.claim not in completed}
+        for claim in sorted(orphans - kept):
             for instance in self.release(claim):
                 messages.append(
                     f"destroyed MIG device {instance.uuid} ({instance}): created for claim "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from dra_gpu.devices import health_rules
@@ -94,6 +94,9 @@ class HealthMonitor:
         # Set under the lock, read without it by prepare's threads (one reference, read
         # whole): a prepare never waits for a publish in progress to learn the driver is out.
         self._refusal: str | None = None
+        # Device name -> taints from elsewhere than GPU health: dynamic MIG placements the GPU
+        # refused before binding (``mig_binding``), so the scheduler allocates another one.
+        self._other_taints: dict[str, list[JSON]] = {}
 
     @property
     def faults(self) -> device_taints.Faults:
@@ -162,12 +165,25 @@ class HealthMonitor:
         if self._on_driver is not None:
             self._on_driver(change)
 
+    def set_other_taints(self, taints: Mapping[str, Sequence[JSON]]) -> None:
+        """Taints of devices for reasons other than their GPU's health (published with the
+        health taints; a device keeps at most the API's 16)."""
+        with self._lock:
+            new = {name: list(t) for name, t in taints.items() if t}
+            if new == self._other_taints:
+                return
+            self._other_taints = new
+            self._publish_locked()
+
     def _publish_locked(self) -> None:
         outage = driver_outage.fault(self._outage)
+        taints = device_taints.device_taints(self._driver, self._devices, self._faults, outage)
+        for name, more in self._other_taints.items():
+            taints[name] = [*taints.get(name, []), *more][: device_taints.MAX_TAINTS_PER_DEVICE]
         self._publish(
             self._devices,
             in_use=self._in_use,
-            taints=device_taints.device_taints(self._driver, self._devices, self._faults, outage),
+            taints=taints,
             faults=device_taints.device_messages(self._devices, self._faults, outage),
         )
 

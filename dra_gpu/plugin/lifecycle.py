@@ -24,7 +24,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dra_gpu.errors import UserError
-from dra_gpu.plugin import current_devices, driver_outage, health_monitor, inventory, node_plugin
+from dra_gpu.plugin import (
+    current_devices,
+    driver_outage,
+    health_monitor,
+    inventory,
+    node_plugin,
+    published,
+)
 from dra_gpu.plugin import settings as plugin_settings
 
 if TYPE_CHECKING:
@@ -39,6 +46,7 @@ if TYPE_CHECKING:
     from dra_gpu.kubeletplugin.publisher import SliceStore
     from dra_gpu.mig.dynamic import DynamicMig
     from dra_gpu.plugin.node_labels import NodeLabeler
+    from dra_gpu.plugin.mig_binding import MigBinder
     from dra_gpu.plugin.platforms import Platform
     from dra_gpu.prepare.state import DeviceState
 
@@ -66,6 +74,9 @@ class KubeletPlugin:
         self._status: ClaimStatusWriter | None = None
         self._labeler: NodeLabeler | None = None  # with --node-labels
         self._steps: list[Step] = []  # what the kit runs after each call, in order
+        # Dynamic MIG devices are created when allocated, before the pod binds (KEP-5007).
+        self._binds_ahead = False
+        self._binder: MigBinder | None = None
 
     @classmethod
     def start(cls, settings: plugin_settings.Settings) -> KubeletPlugin:
@@ -118,12 +129,28 @@ class KubeletPlugin:
         refused = capabilities.dynamic_mig_refusal(detected)
         if settings.mig_mode == "dynamic" and refused is not None:
             raise StartError(refused)
+        # Dynamic MIG devices created before the pod binds (KEP-5007), where the server keeps
+        # binding conditions; elsewhere at prepare, as before, said once.
+        self._binds_ahead = settings.mig_mode == "dynamic" and capabilities.mig_before_binding(
+            detected
+        )
+        note = capabilities.binding_conditions_note(detected)
+        if settings.mig_mode == "dynamic" and note is not None:
+            log.info("%s", note)
 
         store = slice_api.SliceApi(client, node=settings.node_name, driver=settings.driver_name)
         # The devices now: re-discovery changes them while the plugin runs.
         self._devices = current_devices.Inventory(devices)
         self._plugin = plugin = node_plugin.NodePlugin(
-            settings, store=store, devices=devices, instance=node_plugin.this_instance(settings)
+            settings,
+            store=store,
+            devices=devices,
+            instance=node_plugin.this_instance(settings),
+            binding=(
+                published.mig_binding_conditions(settings.driver_name)
+                if self._binds_ahead
+                else None
+            ),
         )
         self._monitor = health_monitor.for_plugin(
             settings,
@@ -198,6 +225,7 @@ class KubeletPlugin:
         settings = self.settings
         source = events.component(settings.driver_name)
         self._events = poster = events.EventPoster(client)
+        mig = dynamic_mig(settings, platform, keep_ahead=self._binds_ahead)
         self._state = state = device_state(
             settings,
             platform=platform,
@@ -205,9 +233,22 @@ class KubeletPlugin:
             inventory=self._devices.by_name,
             poster=poster,
             driver_gate=self._monitor.refusal,
+            mig=mig,
         )
         with self._plugin.exclusive():
             state.start()  # restore: roll back or finish what a crash left, rebuild CDI specs
+        if mig is not None and self._binds_ahead:
+            from dra_gpu.plugin import mig_binding
+
+            self._binder = mig_binding.MigBinder(
+                client,
+                driver=settings.driver_name,
+                node=settings.node_name,
+                mig=mig,
+                inventory=self._devices.by_name,
+                claims=state,
+                on_refused=self._monitor.set_other_taints,  # the refused placement tainted
+            )
         # Written after the answer, by its own thread: the claims' status.devices.
         self._status = claim_status.ClaimStatusWriter(
             client,
@@ -253,6 +294,9 @@ class KubeletPlugin:
         self._monitor.start(self._plugin.stop_event)
         if self._labeler is not None:
             self._labeler.start(self._plugin.stop_event)
+        if self._binder is not None:
+            # Its first pass repairs what a plugin killed before reporting left (ahead entries).
+            self._binder.start(self._plugin.stop_event)
         # Start-up is over: what it allocated (modules, inventory, settings) lives as long as the
         # process. Frozen, it is no longer walked by every full garbage collection (20-35 ms on a
         # busy 2-core node, charged to whichever DRA call set it off). Collected first, so no
@@ -389,6 +433,7 @@ def device_state(
     inventory: Callable[[], Mapping[str, Device]],
     poster: EventPoster,
     driver_gate: Callable[[], str | None] | None = None,
+    mig: DynamicMig | None = None,
 ) -> DeviceState:
     """The prepare/unprepare state of this node (:class:`KubeletPlugin` restores it before
     serving it).
@@ -418,17 +463,22 @@ def device_state(
             if settings.rolling_update
             else contextlib.nullcontext
         ),
-        mig=dynamic_mig(settings, platform),
+        mig=mig if mig is not None else dynamic_mig(settings, platform),
         driver_gate=driver_gate,
     )
 
 
-def dynamic_mig(settings: plugin_settings.Settings, platform: Platform) -> DynamicMig | None:
-    """What creates and destroys MIG devices on a node set to ``--mig-mode=dynamic``."""
+def dynamic_mig(
+    settings: plugin_settings.Settings, platform: Platform, *, keep_ahead: bool = False
+) -> DynamicMig | None:
+    """What creates and destroys MIG devices on a node set to ``--mig-mode=dynamic``;
+    ``keep_ahead``: the binder runs (MIG devices made before binding are its to repair)."""
     if settings.mig_mode != "dynamic":
         return None
     from dra_gpu.mig.dynamic import DynamicMig
 
     return DynamicMig(
-        state_dir=settings.state_dir, instances=platform.mig_instances(settings.state_dir)
+        state_dir=settings.state_dir,
+        instances=platform.mig_instances(settings.state_dir),
+        keep_ahead=keep_ahead,
     )

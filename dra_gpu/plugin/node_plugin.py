@@ -13,7 +13,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 
 from dra_gpu.devices.model import Device
-from dra_gpu.kubeletplugin import kit, publisher, slice_plan, sockets
+from dra_gpu.kubeletplugin import kit, publisher, slice_plan, slices, sockets
 from dra_gpu.plugin import published
 from dra_gpu.plugin.settings import Settings, instance_socket_paths
 
@@ -22,8 +22,10 @@ def renderer(
     settings: Settings,
     devices: Sequence[Device],
     taints: Mapping[str, Sequence[publisher.JSON]] | None = None,
+    binding: slices.BindingConditions | None = None,
 ) -> publisher.Renderer:
-    """``taints``: device name -> its taints (``device_taints.device_taints``)."""
+    """``taints``: device name -> its taints (``device_taints.device_taints``); ``binding``:
+    the dynamic MIG devices' binding conditions (None: not served, or MIG is not dynamic)."""
     frozen = tuple(devices)
     frozen_taints = dict(taints or {})
 
@@ -35,6 +37,7 @@ def renderer(
             node_uid=node_uid,
             taints=frozen_taints,
             shares=settings.consumable_shares,
+            binding=binding,
         )
 
     return render
@@ -71,12 +74,14 @@ class NodePlugin(kit.Kit):
         store: publisher.SliceStore,
         devices: Sequence[Device],
         instance: slice_plan.Instance,
+        binding: slices.BindingConditions | None = None,
     ) -> None:
         self._settings = settings
+        self._binding = binding
         super().__init__(
             options(settings),
             store=store,
-            render=renderer(settings, devices),
+            render=renderer(settings, devices, binding=binding),
             device_names=[d.name for d in devices],
             instance=instance,
         )
@@ -92,7 +97,7 @@ class NodePlugin(kit.Kit):
         """A new inventory, or new faults (``health_monitor`` calls this whenever either
         changes): ``taints`` and ``faults`` by device name; ``in_use`` as in ``set_inventory``."""
         self.set_inventory(
-            renderer(self._settings, devices, taints),
+            renderer(self._settings, devices, taints, self._binding),
             [d.name for d in devices],
             in_use=in_use,
             faults=faults,

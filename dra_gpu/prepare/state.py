@@ -602,6 +602,18 @@ class DeviceState:
         log.exception("%s %s (%s) failed unexpectedly", what, ref, ref.uid)
         return f"{what} {ref}: internal error: {type(exc).__name__}: {exc}"
 
+    @contextmanager
+    def holding(self, uid: str) -> Iterator[None]:
+        """The claim's lock, as its prepare and unprepare take it: the dynamic-MIG binder
+        creates and destroys a claim's MIG devices under it (``plugin.mig_binding``)."""
+        with self._locks.hold(uid):
+            yield
+
+    def completed(self) -> set[str]:
+        """The UIDs of the claims prepared here (raises CheckpointError, OSError)."""
+        claims = self.store.load().claims
+        return {uid for uid, record in claims.items() if record.state == PREPARE_COMPLETED}
+
     def prepared_devices(self) -> set[str] | None:
         """This pool's devices in prepared claims; None when the checkpoint cannot be read."""
         try:

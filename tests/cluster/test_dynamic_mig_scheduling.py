@@ -16,6 +16,18 @@ Cases (one scenario, in order, on one GPU):
   a ``3g`` + ``2g`` + ``1g`` + ``1g`` mix is allocated and prepared without overlap;
 - a plugin SIGKILLed between creating the MIG device and completing the checkpoint leaves no
   orphan: the restarted plugin destroys it, and the kubelet's retry creates it again.
+
+Binding conditions (KEP-5007; the harness's 1.37 serves them, so every pod above already went
+through them):
+- the plugin publishes its partitions with ``gpu.nvidia.com/mig-created`` /
+  ``gpu.nvidia.com/mig-failed``; a ``1g`` pod waits in PreBind (its ``BindingConditionsPending``
+  event), the plugin creates the MIG device before any prepare and reports ``mig-created`` True
+  in the claim's ``status.devices``, no later than the pod is bound; the prepare that follows
+  finds the device made (one instance);
+- the simulated GPU refuses the first placement the scheduler picks (an instance the driver did
+  not make sits on it): the plugin reports ``mig-failed`` True and taints that device, the
+  scheduler allocates the claim again, to the other ``3g`` placement, the pod binds and is
+  prepared; nothing of the failed attempt is left on the GPU.
 """
 
 from __future__ import annotations
@@ -36,10 +48,10 @@ import grpc
 import pytest
 
 import dra_gpu
-from dra_gpu.devices import migprofiles, naming, partitions, simulated
+from dra_gpu.devices import migprofiles, naming, partitions, profiles, simulated
 from dra_gpu.kubeletplugin import slices
 from dra_gpu.mig.dynamic import SIMULATED_STATE_NAME
-from dra_gpu.mig.instances import MigInstance
+from dra_gpu.mig.instances import MigInstance, SimulatedInstances
 from dra_gpu.pb import dra_v1_pb2, dra_v1_pb2_grpc
 from e2e import mig_manifests, procs, waiting
 from e2e.cluster import Cluster
@@ -49,6 +61,8 @@ from e2e.driver import PluginDirs, plugin_argv
 WAIT_S = 90.0  # bounds a broken test only
 wait_for = functools.partial(waiting.wait_for, timeout=WAIT_S)
 PROFILE = {"gpus": [{"product": "H100-80GB", "mig": {"enabled": True}}]}
+READY = "gpu.nvidia.com/mig-created"
+FAILED = "gpu.nvidia.com/mig-failed"
 
 
 class Node:
@@ -306,3 +320,122 @@ def test_the_scheduler_fills_frees_and_mixes_partitions(node: Node) -> None:
     assert len(node.instances()) == 4 and no_overlap(node.instances())
     delete_pods(node, mix)
     assert node.instances() == []
+
+
+# --- binding conditions ------------------------------------------------------------------
+
+
+def bound_claim(node: Node, pod: str) -> dict[str, Any] | None:
+    """The pod's claim once the pod is bound to the node."""
+    body = get(node, "pod", pod)
+    statuses = body.get("status", {}).get("resourceClaimStatuses") or []
+    if not body["spec"].get("nodeName") or not statuses:
+        return None
+    return get(node, "resourceclaim", statuses[0]["resourceClaimName"])
+
+
+def conditions(claim: dict[str, Any], device: str) -> dict[str, dict[str, Any]]:
+    entries = [
+        e
+        for e in claim.get("status", {}).get("devices") or []
+        if e["driver"] == "gpu.nvidia.com" and e["device"] == device
+    ]
+    return {c["type"]: c for e in entries for c in e.get("conditions") or []}
+
+
+def scheduled_at(pod: dict[str, Any]) -> str:
+    (scheduled,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert scheduled["status"] == "True"
+    return str(scheduled["lastTransitionTime"])
+
+
+def event_reasons(node: Node, pod: str) -> list[str]:
+    listed = json.loads(
+        node.cluster.kubectl(
+            "get",
+            "events",
+            "-n",
+            node.name,
+            "--field-selector",
+            f"involvedObject.name={pod}",
+            "-o",
+            "json",
+        )
+    )
+    return [str(e.get("reason")) for e in listed["items"]]
+
+
+def test_the_mig_device_is_made_before_the_pod_binds(node: Node) -> None:
+    slices = json.loads(
+        node.cluster.kubectl(
+            "get", "resourceslices", "--field-selector", f"spec.nodeName={node.name}", "-o", "json"
+        )
+    )
+    published = [d for s in slices["items"] for d in s["spec"].get("devices") or []]
+    assert published and all(d.get("bindingConditions") == [READY] for d in published)
+    assert all(d.get("bindingFailureConditions") == [FAILED] for d in published)
+
+    create_pod(node, "early", "1g.10gb")
+    claim = wait_for("the pod bound", functools.partial(bound_claim, node, "early"))
+    device = device_of(claim)
+    ready = conditions(claim, device)[READY]
+    print(f"claim {claim['metadata']['name']} device {device}: {json.dumps(ready)}")
+    assert ready["status"] == "True" and ready["reason"] == "MigDeviceCreated"
+    pod = get(node, "pod", "early")
+    assert ready["lastTransitionTime"] <= scheduled_at(pod)
+    reasons = wait_for(
+        "the scheduler's event",
+        lambda: (r := event_reasons(node, "early")) and "BindingConditionsPending" in r and r,
+    )
+    print(f"pod events: {reasons}")
+    (made,) = node.instances()  # made before any prepare (the test is the kubelet)
+    assert made.uuid in ready["message"]
+    assert node.call("prepare", claim) == ""
+    assert node.instances() == [made]
+    delete_pods(node, {"early": claim})
+    assert node.instances() == []
+
+
+def test_a_refused_placement_is_allocated_again_elsewhere(node: Node) -> None:
+    backend = simulated.SimulatedBackend(
+        profile=profiles.resolve_profile(str(node.profile)), node_name=node.name
+    )
+    found = partitions.DynamicMigBackend(backend).discover().gpus
+    devices = {d.name: d for d in naming.build_devices(found)}
+    # An instance the driver did not make, on memory slice 5: the GPU refuses the 3g at 4, the
+    # first 3g placement the scheduler picks on an empty GPU.
+    blocker = devices["gpu-0-mig-1g10gb-19-5"]
+    assert blocker.partition is not None
+    sim = SimulatedInstances(node.dirs.state / SIMULATED_STATE_NAME, node_name=node.name)
+    theirs = sim.create(blocker.gpu, blocker.partition)
+
+    create_pod(node, "refused", "3g.40gb")
+    claim = wait_for("the pod bound", functools.partial(bound_claim, node, "refused"))
+    assert device_of(claim) == "gpu-0-mig-3g40gb-9-0"
+    assert conditions(claim, "gpu-0-mig-3g40gb-9-0")[READY]["status"] == "True"
+    log = node.log.read_text()
+    assert "gpu-0-mig-3g40gb-9-4 could not be created before binding" in log
+    slices = json.loads(
+        node.cluster.kubectl(
+            "get", "resourceslices", "--field-selector", f"spec.nodeName={node.name}", "-o", "json"
+        )
+    )
+    (refused,) = [
+        d
+        for s in slices["items"]
+        for d in s["spec"].get("devices") or []
+        if d["name"] == "gpu-0-mig-3g40gb-9-4"
+    ]
+    print(f"taint on the refused placement: {refused.get('taints')}")
+    assert [t["key"] for t in refused.get("taints") or []] == [FAILED]
+    made = [i for i in node.instances() if i != theirs]
+    assert [(i.profile, i.start) for i in made] == [("3g.40gb", 0)]  # nothing of the 3g at 4
+    assert node.call("prepare", claim) == ""
+    assert sorted(node.instances(), key=_start) == sorted([theirs, *made], key=_start)
+    delete_pods(node, {"refused": claim})
+    assert node.instances() == [theirs]
+    assert sim.destroy(theirs.gpu_uuid, theirs)
+
+
+def _start(instance: MigInstance) -> int:
+    return instance.start

@@ -239,13 +239,12 @@ class Node:
         return SimulatedInstances(self.root / "state" / "simulated-mig.json", node_name=NODE)
 
     def state(self, **kwargs: object) -> DeviceState:
-        mig = DynamicMig(state_dir=self.root / "state", instances=self.sim)
+        kwargs.setdefault("mig", DynamicMig(state_dir=self.root / "state", instances=self.sim))
         return device_state(
             self.root,
             devices=self.devices,
             claims=self.fetcher,
             report=lambda reason, msg: self.reports.append((reason, msg)),
-            mig=mig,
             **kwargs,  # type: ignore[arg-type]
         )
 

@@ -4,7 +4,8 @@ Cases: the classification table (application XIDs ignored, configurable, bad con
 named); a fault taints the GPU and every MIG device of it with a valid label value and the
 first event's time; recovery needs the quiet period and a passing probe (never a lost GPU);
 the monitor reads injected events and clears from the command file, refuses injections on
-NVML nodes, and publishes slices and health stream together.
+NVML nodes, and publishes slices and health stream together; taints from elsewhere (a refused
+dynamic MIG placement) are published beside the health taints and go when withdrawn.
 """
 
 from __future__ import annotations
@@ -291,3 +292,20 @@ def test_the_health_command_appends_what_the_plugin_reads(
     assert [c for _, c in reader.read()] == [Injected("gpu-1", "xid", 79), Clear("gpu-1")]
     assert cli.main(["health", "--state-dir", str(tmp_path), "inject", "gpu-1", "xid"]) == 2
     assert "needs its XID" in capsys.readouterr().err
+
+
+def test_other_taints_are_published_beside_the_health_taints(tmp_path: Path) -> None:
+    mon, published, _, path = monitor(tmp_path)
+    refused = {"key": f"{DRIVER}/mig-failed", "value": "placement-refused", "effect": "NoSchedule"}
+    mon.set_other_taints({"gpu-3": [refused]})
+    assert published.taints == {"gpu-3": [refused]}
+    calls = len(published.calls)
+    mon.set_other_taints({"gpu-3": [refused]})  # unchanged: nothing published
+    assert len(published.calls) == calls
+    send(mon, path, Injected("gpu-3", "xid", 79))
+    keys = [t["key"] for t in published.taints["gpu-3"]]
+    assert keys == [f"{DRIVER}/xid-79", f"{DRIVER}/mig-failed"]
+    send(mon, path, Clear("gpu-3"))  # an administrator's clear is about health only
+    assert published.taints == {"gpu-3": [refused]}
+    mon.set_other_taints({})
+    assert published.taints == {}

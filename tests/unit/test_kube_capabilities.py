@@ -24,19 +24,31 @@ def _node(kubelet: str) -> Node:
 
 
 def _answers(
-    version: str, *, taints: bool, counters: bool, kubelet: str | None = None
+    version: str,
+    *,
+    taints: bool,
+    counters: bool,
+    kubelet: str | None = None,
+    binding: bool = True,
 ) -> Capabilities:
-    taint_body, counter_body = capabilities.probe_slices(driver="gpu.nvidia.com", node="n1")
+    taint_body, counter_body, binding_body = capabilities.probe_slices(
+        driver="gpu.nvidia.com", node="n1"
+    )
     if not taints:
         taint_body["spec"]["devices"][0].pop("taints")
     if not counters:
         counter_body["spec"].pop("sharedCounters")
+    if not binding:  # what a server with DRADeviceBindingConditions off sends back
+        device = binding_body["spec"]["devices"][0]
+        device.pop("bindingConditions")
+        device.pop("bindingFailureConditions")
     return capabilities.from_answers(
         version={"gitVersion": version},
         group=GROUP_1_34,
         taint_probe=taint_body,
         counter_probe=counter_body,
         node=_node(kubelet) if kubelet else None,
+        binding_probe=binding_body,
     )
 
 
@@ -213,3 +225,36 @@ def test_dynamic_mig_is_refused_where_counters_cannot_be_published(
     else:
         assert why is not None and version in why and refused_for in why
         assert "--mig-mode=static" in why
+
+
+@pytest.mark.parametrize(("version", "kept"), [("v1.35.4", False), ("v1.37.2", True)])
+def test_binding_conditions_are_used_only_where_the_server_keeps_them(
+    version: str, kept: bool
+) -> None:
+    caps = _answers(version, taints=True, counters=True, binding=kept)
+    assert caps.binding_conditions is kept
+    assert capabilities.mig_before_binding(caps) is kept
+    assert f"binding conditions {'on' if kept else 'off'}" in caps.summary()
+    note = capabilities.binding_conditions_note(caps)
+    if kept:
+        assert note is None
+    else:
+        assert note is not None and version in note and "DRADeviceBindingConditions" in note
+        assert "created at prepare, after the pod is bound" in note
+
+
+def test_binding_conditions_are_probed_with_a_dry_run() -> None:
+    api = FakeApi(
+        {
+            "/version": {"gitVersion": "v1.37.2"},
+            "/apis/resource.k8s.io": GROUP_1_34,
+            "/api/v1/nodes/n1": dict(_node("v1.37.2")),
+        }
+    )
+    caps = capabilities.detect(api, driver="gpu.nvidia.com", node="n1")
+    assert caps.binding_conditions is True
+    assert len(api.created) == 3 and all(q == {"dryRun": "All"} for _, q in api.created)
+    unknown = capabilities.detect(api, driver="gpu.nvidia.com", node=None)
+    assert unknown.binding_conditions is None
+    assert capabilities.mig_before_binding(unknown) is False
+    assert capabilities.binding_conditions_note(unknown) is None

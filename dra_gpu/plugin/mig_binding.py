@@ -1,0 +1,351 @@
+"""Dynamic MIG devices created before the pod binds (KEP-5007): the binder's two threads.
+
+What to do for a claim is decided by ``mig.binding.step`` (pure); this module finds the claims,
+reads them, creates and destroys through ``DynamicMig`` and writes the conditions.
+
+**Finding the node's claims without watching every claim.** A ResourceClaim has no field a
+selector can match on its allocation (only ``metadata.name`` and ``metadata.namespace`` are
+selectable), so watching claims means watching all of the cluster's. The pod is the handle: the
+scheduler sets ``status.nominatedNodeName`` to the node before its PreBind writes the allocation
+and waits for the binding conditions (``NominatedNodeNameForExpectation``, beta and on from
+1.35), and ``status.nominatedNodeName`` is a field selector the API server serves for pods.
+So the ``mig-binding-watch`` thread lists and watches the pods with
+``fieldSelector=status.nominatedNodeName=<node>`` (only those come over the wire), keeping each
+one not yet bound with the claims it uses; the ``mig-binding`` thread GETs those claims once a
+second while any are pending (the scheduler looks every 5 s), plus the claims the ledger holds
+MIG devices for that are not prepared yet (until prepared or deallocated). A node with no pod
+nominated to it and nothing made ahead sends nothing but its one watch.
+
+**Writing the conditions.** A server-side apply of the claim's ``status`` with the field manager
+``<driver>/mig-binding``, carrying only this node's entries of the claim's dynamic MIG devices
+and, in them, only the binding conditions: the device-status writer after prepare
+(``kubeletplugin.claim_status``, manager ``<driver>/kubelet-plugin``) owns the other fields of
+the same entries, so neither removes the other's. The apply names the claim's UID.
+
+**Serialised with prepare.** Each claim is handled under its per-claim lock of ``DeviceState``
+(``DeviceState.holding``), the lock its prepare and unprepare take, and whether it is prepared
+is read under it: the pod may bind and be prepared the moment the condition is True.
+
+**Steering away from a refused placement.** The KEP asks a driver that reports a failure to
+keep the device from being picked again: the refused device is tainted ``<driver>/mig-failed``
+(NoSchedule, ``binding.REFUSED_TAINT_S``) through ``on_refused`` (the health monitor publishes
+it with the health taints), set after the pass, outside every claim lock.
+
+**Crash safety.** The ledger entry is written durably before the MIG device is created
+(``DynamicMig.ensure``, marked ``ahead`` with the claim's name); a plugin killed before it
+reported finds, at its next start, the entry of a claim not prepared: ``reconcile`` leaves it
+(``keep_ahead``) and the first pass GETs the claim: still allocated those devices, the device
+is made if missing and the condition reported; deallocated or gone, the device is destroyed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Final, Protocol, cast
+
+from dra_gpu.devices.model import Device
+from dra_gpu.kube import errors
+from dra_gpu.kube.client import APPLY_PATCH, KubeClient
+from dra_gpu.kube.objects import ResourceClaim, claim_path
+from dra_gpu.kubeletplugin.claim_status import apply_body
+from dra_gpu.kubeletplugin.driver import ClaimRef
+from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.mig import binding
+from dra_gpu.mig.dynamic import DynamicMig, Owned
+from dra_gpu.mig.instances import InstanceError
+from dra_gpu.plugin import published
+from dra_gpu.prepare.checkpoint import CheckpointError
+
+log = logging.getLogger(__name__)
+
+PODS_PATH: Final = "/api/v1/pods"
+POLL_S: Final = 1.0  # while claims are pending; the scheduler looks every 5 s
+IDLE_S: Final = 1.0  # with nothing pending: a look at the ledger only (no API request)
+MAX_WATCH_BACKOFF_S: Final = 30.0
+
+
+class ClaimLocks(Protocol):
+    """What the binder needs of ``DeviceState``."""
+
+    def holding(self, uid: str) -> AbstractContextManager[None]: ...
+
+    def completed(self) -> set[str]: ...
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class MigBinder:
+    """Creates the dynamic MIG devices of claims allocated on this node before their pods bind,
+    and reports the binding condition (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        driver: str,
+        node: str,
+        mig: DynamicMig,
+        inventory: Callable[[], Mapping[str, Device]],
+        claims: ClaimLocks,
+        clock: Callable[[], str] = now_rfc3339,
+        poll_s: float = POLL_S,
+        on_refused: Callable[[Mapping[str, list[dict[str, str]]]], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client, self._driver, self._node = client, driver, node
+        self._mig, self._inventory, self._claims = mig, inventory, claims
+        self._clock, self._poll_s = clock, poll_s
+        self._ready = f"{driver}/{published.MIG_CREATED}"
+        self._failed = f"{driver}/{published.MIG_FAILED}"
+        self._field_manager = f"{driver}/mig-binding"
+        # Guarded by _lock: pod UID -> (namespace, claim names) of the pods nominated to this
+        # node and not bound yet (the watch thread writes, the binder thread copies).
+        self._lock = threading.Lock()
+        self._pods: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._wake = threading.Event()  # a pod came or changed: look now
+        self._threads: list[threading.Thread] = []
+        # The binder thread's only: refused device -> (until, when first refused, RFC 3339).
+        self._refused: dict[str, tuple[float, str]] = {}
+        self._dirty = False
+        self._on_refused, self._monotonic = on_refused, monotonic
+
+    # --- threads ---------------------------------------------------------------------------
+
+    def start(self, stop: threading.Event) -> None:
+        self._threads = [
+            threading.Thread(target=self._run, args=(stop,), name="mig-binding", daemon=True),
+            threading.Thread(
+                target=self._watch_pods, args=(stop,), name="mig-binding-watch", daemon=True
+            ),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                pending = self.pass_once()
+            except Exception:  # a bug: one line with the traceback, the thread keeps serving
+                log.exception("dynamic MIG binding pass failed")
+                pending = True
+            self._wake.wait(self._poll_s if pending else IDLE_S)
+            self._wake.clear()
+
+    def _watch_pods(self, stop: threading.Event) -> None:
+        query = {"fieldSelector": f"status.nominatedNodeName={self._node}"}
+        version: str | None = None
+        failures = 0
+        while not stop.is_set():
+            try:
+                if version is None:
+                    listed = self._client.request("GET", PODS_PATH, query=query)
+                    self.set_pods(listed.get("items") or [])
+                    version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+                watch = {**query, "resourceVersion": version, "allowWatchBookmarks": "true"}
+                for event in self._client.watch(PODS_PATH, query=watch, stop=stop):
+                    pod = event.get("object") or {}
+                    version = str((pod.get("metadata") or {}).get("resourceVersion") or version)
+                    if event.get("type") != "BOOKMARK":
+                        self.pod_event(str(event.get("type")), pod)
+                failures = 0
+            except errors.Gone:
+                version = None  # expired: list again
+            except errors.ApiError as err:
+                failures += 1
+                delay = min(0.5 * 2**failures, MAX_WATCH_BACKOFF_S)
+                log.warning(
+                    "watching the pods nominated to %s: %s; again in %.0f s", self._node, err, delay
+                )
+                version = None
+                stop.wait(delay)
+
+    # --- the pods nominated to this node -----------------------------------------------------
+
+    def set_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """The pods listed: they replace what was known."""
+        known = dict(p for p in map(_pending, pods) if p is not None)
+        with self._lock:
+            self._pods = known
+        self._wake.set()
+
+    def pod_event(self, kind: str, pod: Mapping[str, Any]) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        entry = _pending(pod) if kind != "DELETED" else None
+        with self._lock:
+            if entry is None:
+                self._pods.pop(uid, None)
+            else:
+                self._pods[entry[0]] = entry[1]
+        if entry is not None:
+            self._wake.set()
+
+    # --- one pass ------------------------------------------------------------------------------
+
+    def pass_once(self) -> bool:
+        """Look at every pending claim once; True while any is pending (look again soon)."""
+        with self._lock:
+            pods = list(self._pods.values())
+        try:
+            return self._pass(pods)
+        finally:
+            self._taint_refused()
+
+    def _taint_refused(self) -> None:
+        now = self._monotonic()
+        before = dict(self._refused)
+        self._refused = {d: v for d, v in self._refused.items() if v[0] > now}
+        if self._on_refused is not None and (self._refused != before or self._dirty):
+            taints = {
+                d: [binding.refused_taint(self._driver, since=since)]
+                for d, (_, since) in self._refused.items()
+            }
+            self._on_refused(taints)
+        self._dirty = False
+
+    def _pass(self, pods: list[tuple[str, tuple[str, ...]]]) -> bool:
+        try:
+            completed = self._claims.completed()
+        except (CheckpointError, OSError) as err:  # OSError: its lock not taken in time, too
+            log.warning("dynamic MIG binding: cannot read the checkpoint (%s); again soon", err)
+            return True
+        ahead = self._mig.ahead(completed)
+        targets: dict[tuple[str, str], None] = {}
+        for namespace, names in pods:
+            for name in names:
+                targets[(namespace, name)] = None
+        for entry in ahead:
+            targets[(entry.namespace, entry.name)] = None
+        for namespace, name in targets:
+            held = [e for e in ahead if (e.namespace, e.name) == (namespace, name)]
+            try:
+                self.look(namespace, name, held)
+            except errors.ApiError as err:
+                log.info("dynamic MIG binding of claim %s/%s: %s; again soon", namespace, name, err)
+            except InstanceError as err:  # a MIG device that could not be destroyed
+                log.warning(
+                    "dynamic MIG binding of claim %s/%s: %s; again soon", namespace, name, err
+                )
+        return bool(targets)
+
+    def look(self, namespace: str, name: str, held: list[Owned]) -> binding.Step:
+        """Read one claim and do what ``binding.step`` says; returns the step taken."""
+        claim = self._get(namespace, name)
+        uid = held[0].claim if held else None
+        lock_uid = uid or (str(claim["metadata"].get("uid", "")) if claim is not None else "")
+        with self._claims.holding(lock_uid):
+            prepared = bool(lock_uid) and lock_uid in self._claims.completed()
+            todo = binding.step(
+                claim,
+                uid=uid,
+                held=[e.device for e in held],
+                prepared=prepared,
+                driver=self._driver,
+                pool=self._node,
+                ready=self._ready,
+                failed=self._failed,
+            )
+            if isinstance(todo, binding.Release):
+                for instance in self._mig.release(todo.uid):
+                    log.info(
+                        "destroyed MIG device %s made before binding for claim %s/%s (%s): %s",
+                        instance.uuid,
+                        namespace,
+                        name,
+                        todo.uid,
+                        todo.why,
+                    )
+            elif isinstance(todo, binding.Make):
+                self._make(todo.wanted)
+        return todo
+
+    def _make(self, want: binding.Wanted) -> None:
+        devices = self._inventory()
+        made: dict[str, str] = {}
+        failure: tuple[str, str] | None = None
+        for name in want.devices:
+            device = devices.get(name)
+            try:
+                if device is None or device.partition is None:
+                    raise InstanceError(f"{name} is not a dynamic MIG device of this node")
+                made[name] = self._mig.ensure(
+                    want.uid, device, ahead=(want.namespace, want.name)
+                ).uuid
+            except InstanceError as exc:
+                failure = (name, str(exc))
+                break
+        if failure is not None:
+            # Nothing of the failed attempt stays on the GPU: a partial GPU instance, and the
+            # claim's other devices, are destroyed before the failure is reported.
+            self._mig.release(want.uid)
+            self._refused[failure[0]] = (
+                self._monotonic() + binding.REFUSED_TAINT_S,
+                self._clock(),
+            )
+            self._dirty = True
+            log.warning(
+                "claim %s/%s: MIG device %s could not be created before binding: %s",
+                want.namespace,
+                want.name,
+                failure[0],
+                failure[1],
+            )
+        self._write(want, made, failure)
+
+    # --- API -------------------------------------------------------------------------------
+
+    def _get(self, namespace: str, name: str) -> ResourceClaim | None:
+        try:
+            # The API boundary: the server's JSON is taken to be a ResourceClaim, unchecked.
+            return cast(ResourceClaim, self._client.request("GET", claim_path(namespace, name)))
+        except errors.NotFound:
+            return None
+
+    def _write(
+        self, want: binding.Wanted, made: Mapping[str, str], failure: tuple[str, str] | None
+    ) -> None:
+        ours = binding.entries(
+            want,
+            driver=self._driver,
+            pool=self._node,
+            ready=self._ready,
+            failed=self._failed,
+            made=made,
+            failure=failure,
+            now=self._clock(),
+        )
+        ref = ClaimRef(uid=ClaimUID(want.uid), namespace=want.namespace, name=want.name)
+        self._client.request(
+            "PATCH",
+            f"{claim_path(want.namespace, want.name)}/status",
+            query={"fieldManager": self._field_manager, "force": "true"},
+            body=apply_body(ref, ours),
+            content_type=APPLY_PATCH,
+        )
+        if failure is None:
+            log.info(
+                "claim %s/%s: MIG devices %s created before binding; condition %s reported",
+                want.namespace,
+                want.name,
+                ", ".join(f"{d} ({u})" for d, u in made.items()),
+                self._ready,
+            )
+
+
+def _pending(pod: Mapping[str, Any]) -> tuple[str, tuple[str, tuple[str, ...]]] | None:
+    """(pod UID, (namespace, claim names)) of a pod nominated here and not bound yet."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    if spec.get("nodeName") or status.get("phase") in ("Succeeded", "Failed"):
+        return None  # bound (prepare handles it) or over
+    names = binding.claim_names(pod)
+    if not names:
+        return None
+    return str(meta.get("uid") or ""), (str(meta.get("namespace") or ""), tuple(names))
