@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -21,6 +22,7 @@ from e2e import binaries
 ROOT = Path(__file__).resolve().parent.parent
 PATCH = ROOT / "docs" / "upstream" / "dra-cel-lazy-attributes.patch"
 MODULE = "k8s.io/dynamic-resource-allocation"
+SCHEDULER = "kube-scheduler"
 
 
 def patch_key(patch: bytes) -> str:
@@ -77,3 +79,46 @@ def patched_module(version: str, patch: Path = PATCH) -> tuple[Path, str]:
     if not (target / "go.mod").is_file():
         apply(patch, pristine_dir(version), target)
     return target, key
+
+
+def substitute_replace(gomod_text: str, module_dir: Path) -> str:
+    """``gomod_text`` (a wrapper module replacing every staging module with its release) with
+    the evaluator's module replaced by the patched copy instead."""
+    pattern = re.compile(rf"^(\s*(?:replace\s+)?{re.escape(MODULE)}\s+=>\s+).*$", re.MULTILINE)
+    text, count = pattern.subn(lambda m: f"{m.group(1)}{module_dir}", gomod_text)
+    if count != 1:
+        raise ValueError(f"expected one replace of {MODULE}, found {count}")
+    return text
+
+
+def patched_scheduler(versions: binaries.Versions, *, log: binaries.Log) -> Path:
+    """kube-scheduler at ``versions.k8s`` built against the patched module, cached per patch
+    key in ``<cache>/k8s-<version>-patched-<key>/`` (the wrapper module in
+    ``<cache>/gomod/k8s-<version>-patched-<key>/``)."""
+    staging = "v0." + versions.k8s.split(".", 1)[1]
+    module, key = patched_module(staging)
+    gomod = binaries.cache_root() / "gomod" / f"k8s-{versions.k8s}-patched-{key}"
+
+    def source() -> Path:
+        if not (gomod / "go.sum").is_file():
+            stock = binaries.module_dir("k8s", versions.k8s, log=log)
+            gomod.mkdir(parents=True, exist_ok=True)
+            (gomod / "go.mod").write_text(
+                substitute_replace((stock / "go.mod").read_text(), module)
+            )
+            shutil.copyfile(stock / "go.sum", gomod / "go.sum")
+        return gomod
+
+    out = binaries.cache_root() / f"k8s-{versions.k8s}-patched-{key}"
+    binaries.build_missing(
+        out,
+        [SCHEDULER],
+        src=source,
+        argv=lambda tmp, todo: binaries.go_build_argv(
+            binaries.BuildStep(tuple(todo), "k8s", cgo=False), tmp, versions
+        ),
+        env={**os.environ, "CGO_ENABLED": "0"},
+        label=f"{versions.k8s} patched {key}",
+        log=log,
+    )
+    return out / SCHEDULER
