@@ -43,7 +43,8 @@ def test_the_patch_applies_cleanly_to_the_pristine_module(tmp_path: Path) -> Non
         "cel/device_values.go",
         "cel/device_values_test.go",
     ]
-    assert "func deviceVariables" not in (pristine / "cel" / "compile.go").read_text()
+    assert "c.deviceVariables(input)" not in (pristine / "cel" / "compile.go").read_text()
+    assert "c.deviceVariables(input)" in (target / "cel" / "compile.go").read_text()
 
 
 def test_a_patch_that_does_not_apply_fails(tmp_path: Path) -> None:
@@ -69,3 +70,46 @@ def test_the_wrapper_module_replaces_the_evaluator_with_the_copy() -> None:
     out = dra_patch.with_replace(gomod, Path("/c/patched/dra"))
     assert out.startswith(gomod)
     assert out.endswith("\nreplace k8s.io/dynamic-resource-allocation => /c/patched/dra\n")
+
+
+def test_the_patched_scheduler_module_swaps_only_the_evaluator() -> None:
+    stock = (binaries.GOMOD_DIR / "k8s" / "go.mod").read_text()
+    out = dra_patch.substitute_replace(stock, Path("/c/patched/dra"))
+    changed = [(a, b) for a, b in zip(stock.splitlines(), out.splitlines(), strict=True) if a != b]
+    assert changed == [
+        (
+            f"\tk8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation {VERSION}",
+            "\tk8s.io/dynamic-resource-allocation => /c/patched/dra",
+        )
+    ]
+
+
+def test_a_wrapper_module_without_the_evaluators_replace_is_refused() -> None:
+    with pytest.raises(ValueError, match="expected one replace"):
+        dra_patch.substitute_replace("module x\n\nrequire k8s.io/api v0.37.2\n", Path("/c"))
+
+
+def test_cel_match_patched_builds_against_the_patched_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import cel_match as cm
+
+    monkeypatch.setenv("DRA_GPU_CACHE", str(tmp_path))
+    gomod, key = cm.patched_gomod(VERSION)
+    assert key == dra_patch.patch_key(dra_patch.PATCH.read_bytes())
+    assert gomod.name == f"celmatch-{VERSION}-{cm.source_key()}-patched-{key}"
+    module = tmp_path / "patched" / f"dynamic-resource-allocation-{VERSION}-{key}"
+    assert (
+        (gomod / "go.mod")
+        .read_text()
+        .endswith(f"replace k8s.io/dynamic-resource-allocation => {module}\n")
+    )
+    assert "c.deviceVariables(input)" in (module / "cel" / "compile.go").read_text()
+
+
+def test_scale_refuses_a_scheduler_it_does_not_know(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import scale
+
+    with pytest.raises(SystemExit):
+        scale.main(["--scheduler", "upstream"])
+    assert "invalid choice: 'upstream'" in capsys.readouterr().err
