@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from bench import scale_layouts as sl  # noqa: E402
 from dra_gpu import DRIVER_NAME  # noqa: E402
 from dra_gpu.controller import classes  # noqa: E402
-from e2e import binaries  # noqa: E402
+from e2e import binaries, dra_patch  # noqa: E402
 
 JSON = dict[str, Any]
 GOMOD = ROOT / "bench" / "gomod" / "celmatch"
@@ -52,16 +52,42 @@ DRA_MODULE = "k8s.io/dynamic-resource-allocation"
 BINARY = "celmatch"
 
 
-def celmatch_binary(version: str) -> Path:
-    """The Go program, built once per pinned ``version`` and source into the binaries cache."""
+def source_key() -> str:
+    """The first 12 hex digits of the SHA-256 of the Go program's module files."""
     source = hashlib.sha256()
     for name in ("go.mod", "go.sum", "main.go"):
         source.update((GOMOD / name).read_bytes())
-    out = binaries.cache_root() / f"celmatch-{version}-{source.hexdigest()[:12]}"
+    return source.hexdigest()[:12]
+
+
+def patched_gomod(version: str) -> tuple[Path, str]:
+    """A copy of the Go program's module whose go.mod replaces the evaluator's module with the
+    patched copy (``e2e.dra_patch``), and the patch's key."""
+    module, key = dra_patch.patched_module(version)
+    target = binaries.cache_root() / "gomod" / f"celmatch-{version}-{source_key()}-patched-{key}"
+    if not (target / "main.go").is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "go.sum").write_bytes((GOMOD / "go.sum").read_bytes())
+        (target / "go.mod").write_text(
+            dra_patch.with_replace((GOMOD / "go.mod").read_text(), module)
+        )
+        (target / "main.go").write_bytes((GOMOD / "main.go").read_bytes())
+    return target, key
+
+
+def celmatch_binary(version: str, *, patched: bool = False) -> Path:
+    """The Go program, built once per pinned ``version`` and source into the binaries cache;
+    with ``patched``, against Kubernetes' evaluator with ``docs/upstream/``'s patch."""
+    name = f"celmatch-{version}-{source_key()}"
+    src = GOMOD
+    if patched:
+        src, key = patched_gomod(version)
+        name += f"-patched-{key}"
+    out = binaries.cache_root() / name
     binaries.build_missing(
         out,
         [BINARY],
-        src=lambda: GOMOD,
+        src=lambda: src,
         argv=lambda tmp, _: ["go", "build", "-ldflags", "-s -w", "-o", str(tmp / BINARY), "."],
         env={**os.environ, "CGO_ENABLED": "0"},
         label=version,
@@ -138,9 +164,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=60, help="turns each layout takes")
     parser.add_argument("--devices-per-block", type=int, default=2000)
+    parser.add_argument(
+        "--patched",
+        action="store_true",
+        help="evaluate with docs/upstream/dra-cel-lazy-attributes.patch applied to the module",
+    )
     args = parser.parse_args(argv)
     version = binaries.module_version(GOMOD / "go.mod", DRA_MODULE)
-    binary = celmatch_binary(version)
+    binary = celmatch_binary(version, patched=args.patched)
     todo = cases(sl.LAYOUTS)
     proc = subprocess.run(
         [str(binary)],
@@ -160,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return proc.returncode
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     print(
-        f"{DRA_MODULE} {version}, {os.cpu_count()} CPUs, {args.blocks} blocks of "
+        f"{DRA_MODULE} {version}{' (patched)' if args.patched else ''}, {os.cpu_count()} CPUs, "
+        f"{args.blocks} blocks of "
         f"{args.devices_per_block} devices per layout\n"
     )
     print("\n".join(table(list(zip(todo, results, strict=True)))))

@@ -2,7 +2,10 @@
 
 Usage: ``.venv/bin/python bench/scale.py [--nodes 100]
 [--layouts static,minimal,mig,dynamic-mig,consumable] [--pods K] [--rate 50] [--steady-s 60]
-[--workers 2] [--allow-partial]``
+[--workers 2] [--allow-partial] [--scheduler stock|patched]``
+
+``--scheduler patched`` runs a kube-scheduler built with ``docs/upstream/``'s patch to
+Kubernetes' DRA CEL evaluator (``e2e.dra_patch``: built once per patch into the binaries cache).
 
 Set-up, once for all layouts (so their figures are comparable): the harness's etcd, API server,
 scheduler and controller-manager (``e2e.cluster.Cluster``; the controller-manager's and
@@ -78,7 +81,7 @@ from dra_gpu.controller import registration  # noqa: E402
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS  # noqa: E402
 from dra_gpu.kube import errors  # noqa: E402
 from dra_gpu.kube.client import KubeClient, connect  # noqa: E402
-from e2e import helm, kwok, procs, waiting  # noqa: E402
+from e2e import binaries, dra_patch, helm, kwok, procs, waiting  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
 from e2e.cluster.components import CONTROLLER_MANAGER, SCHEDULER  # noqa: E402
 
@@ -1041,6 +1044,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="exit 0 even when a layout stopped (its figures print `not measured: <why>`)",
     )
+    parser.add_argument(
+        "--scheduler",
+        choices=("stock", "patched"),
+        default="stock",
+        help="patched: kube-scheduler with docs/upstream/dra-cel-lazy-attributes.patch",
+    )
     args = parser.parse_args(argv)
     layouts = sl.parse_layouts(args.layouts)
     if args.repeat < 1:
@@ -1056,8 +1065,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="dra-gpu-scale-"))
     extra = {CONTROLLER_MANAGER: CLIENT_LIMITS, SCHEDULER: CLIENT_LIMITS}
     figs: list[Figures] = []
+    overrides: dict[str, Path] = {}
+    if args.scheduler == "patched":
+        overrides[SCHEDULER] = dra_patch.patched_scheduler(binaries.Versions.from_env(), log=log)
     with (
-        Cluster(extra_args=extra, log=log) as cluster,
+        Cluster(extra_args=extra, log=log, binary_overrides=overrides) as cluster,
         kwok_running(cluster, workdir),
         wh.controller(str(cluster.kubeconfig), workdir) as (port, ca),
     ):
@@ -1111,7 +1123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"\n{args.nodes} nodes, {args.pods} pods per layout at {args.rate:.0f}/s, "
         f"steady window {args.steady_s:.0f} s, {args.workers} publisher workers, "
-        f"{args.repeat} round(s); "
+        f"{args.repeat} round(s); {args.scheduler} kube-scheduler; "
         f"{os.cpu_count()} CPUs; run took {total:.0f} s\n"
     )
     print("\n".join(table(figs, args.nodes)))

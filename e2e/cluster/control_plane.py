@@ -133,7 +133,10 @@ class Cluster:
         extra_args: Mapping[str, Sequence[str]] | None = None,
         startup_timeout_s: float = 180.0,
         log: Callable[[str], None] = _stderr,
+        binary_overrides: Mapping[str, Path] | None = None,
     ) -> None:
+        """``binary_overrides``: a binary to run instead of the cached build of a component
+        (``bench/scale.py --scheduler patched``: a kube-scheduler built with a patch)."""
         self._own_workdir = workdir is None
         base = workdir or Path(tempfile.mkdtemp(prefix="dra-gpu-cluster-"))
         self.workdir: Path = base.resolve()
@@ -143,7 +146,8 @@ class Cluster:
         self._timeout = startup_timeout_s
         self._log = log
         self._layout: components.Layout | None = None
-        self._bins: dict[str, Path] = {}
+        self._overrides = dict(binary_overrides or {})
+        self._bins: dict[str, Path] = dict(self._overrides)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._client: ApiClient | None = None
         self._nodes: set[str] = set()
@@ -183,9 +187,8 @@ class Cluster:
 
     def up(self) -> Cluster:
         self._stop_heartbeat.clear()
-        self._bins.update(
-            binaries.ensure(binaries.CONTROL_PLANE, versions=self.versions, log=self._log)
-        )
+        stock = [c for c in binaries.CONTROL_PLANE if c not in self._overrides]
+        self._bins.update(binaries.ensure(stock, versions=self.versions, log=self._log))
         ports = components.Ports(*procs.free_ports(5))
         self._layout = components.Layout(
             workdir=self.workdir,
