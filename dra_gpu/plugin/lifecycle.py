@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from dra_gpu.kubeletplugin.events import EventPoster
     from dra_gpu.kubeletplugin.publisher import SliceStore
     from dra_gpu.mig.dynamic import DynamicMig
-    from dra_gpu.plugin.node_labels import NodeLabeler
     from dra_gpu.plugin.mig_binding import MigBinder
+    from dra_gpu.plugin.node_labels import NodeLabeler
     from dra_gpu.plugin.platforms import Platform
     from dra_gpu.prepare.state import DeviceState
 
