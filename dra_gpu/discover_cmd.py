@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import dra_gpu
+from dra_gpu.config import strategies
 from dra_gpu.devices import naming
 from dra_gpu.devices import shares as device_shares
 from dra_gpu.devices.model import CAP_MEMORY, Device, Discovery, GpuBackend
@@ -153,7 +154,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         mode = device_shares.parse_mode(
             args.consumable_shares or os.environ.get("CONSUMABLE_SHARES"),
-            compute=os.environ.get("MPS_SUPPORT", "").strip().lower() == "true",
+            compute=strategies.limits_shares_when(
+                strategies.enabled_by(
+                    {
+                        s.setting: os.environ.get(s.env, "").strip().lower() == "true"
+                        for s in strategies.STRATEGIES.values()
+                    }
+                )
+            ),
         )
     except device_shares.ShareModeError as e:
         print(f"dra-gpu discover: {e}", file=sys.stderr)

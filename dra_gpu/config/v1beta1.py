@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from dra_gpu.config.quantity import MemoryLimit
 from dra_gpu.config.shown import shown
+from dra_gpu.config.strategies import MPS, TIME_SLICING
 
 GROUP: Final = "resource.nvidia.com"
 VERSION: Final = "v1beta1"
@@ -33,9 +34,8 @@ API_VERSION: Final = "resource.nvidia.com/v1beta1"  # f"{GROUP}/{VERSION}", spel
 GPU_CONFIG_KIND: Final = "GpuConfig"
 MIG_DEVICE_CONFIG_KIND: Final = "MigDeviceConfig"
 
+# One value per row of dra_gpu.config.strategies (tests/unit/test_sharing_strategies.py).
 Strategy = Literal["TimeSlicing", "MPS"]
-TIME_SLICING: Final = "TimeSlicing"
-MPS: Final = "MPS"
 
 TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.config import strategies
 from dra_gpu.devices import shares
 from dra_gpu.errors import UserError
 from dra_gpu.kubeletplugin import sockets
@@ -355,9 +356,12 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     mig_mode = pick("mig_mode") or "static"
     if mig_mode not in MIG_MODES:
         raise SettingsError(f"MIG mode must be static or dynamic, got {mig_mode!r}")
-    mps_support = _switch(pick("mps_support"), "--mps-support")
+    switched = {s.setting: _switch(pick(s.setting), s.flag) for s in strategies.STRATEGIES.values()}
     try:
-        share_mode = shares.parse_mode(pick("consumable_shares"), compute=mps_support)
+        share_mode = shares.parse_mode(
+            pick("consumable_shares"),
+            compute=strategies.limits_shares_when(strategies.enabled_by(switched)),
+        )
     except shares.ShareModeError as err:
         raise SettingsError(str(err)) from None
     settings = Settings(
@@ -380,8 +384,8 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         rediscover_interval_s=_interval(pick("rediscover_interval")),
         health_config=_optional_path(pick("health_config")),
         metrics_address=_metrics_address(pick("metrics_address")),
-        time_slicing_settings=_switch(pick("time_slicing_settings"), "--time-slicing-settings"),
-        mps_support=mps_support,
+        time_slicing_settings=switched["time_slicing_settings"],
+        mps_support=switched["mps_support"],
         mig_mode=mig_mode,
         consumable_shares=share_mode,
         telemetry_interval_s=_seconds(

@@ -325,9 +325,7 @@ class DeviceState:
                     inventory=inventory,
                 )
                 pod_claim = device_metadata.pod_claim_name(claim["metadata"].get("annotations"))
-                if (
-                    self._sharing.switches.mps
-                ):  # each consumable share gets an MPS server of its own
+                if self._sharing.limits_shares:  # each consumable share gets its caps
                     plan = shares.enforced(plan)
                 devices = [d.cdi for d in plan.devices]
                 spec = self._spec(ref.uid, str(ref), devices, self._metadata(plan, pod_claim))
