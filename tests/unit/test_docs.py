@@ -3,7 +3,8 @@
 Cases:
 - every subcommand of ``dra_gpu.cli.build_parser()`` has a section, and its flag table lists
   exactly the subcommand's flags (none missing, none that no longer exist);
-- the kubelet plugin's table names the environment variable each flag reads;
+- the kubelet plugin's table names the environment variable each flag reads, and so does the
+  short table of docs/kubelet-plugin.md, which lists every flag too;
 - the attribute and capacity tables list exactly the names ``dra_gpu.devices.model`` publishes,
   with the right value type and the right device types (full GPU / MIG);
 - every field of the opaque config kinds is documented under its kind;
@@ -116,6 +117,18 @@ def test_plugin_flags_name_their_environment_variables(doc: dict[str, str]) -> N
         flag = code_spans(row[0])[0].split()[0]
         expected = plugin_settings.ENV_VARS[dest_of[flag]]
         assert code_spans(row[1]) == [expected], f"{flag} reads {expected}"
+
+
+def test_kubelet_plugin_page_lists_every_flag_with_its_variable() -> None:
+    # docs/kubelet-plugin.md has its own short table (default only), which went stale once.
+    page = (ROOT / "docs" / "kubelet-plugin.md").read_text()
+    parser = subcommands()["kubelet-plugin"]
+    dest_of = {f: a.dest for a in parser._actions for f in a.option_strings}
+    rows = table_rows(page)
+    assert doc_flags(rows) == code_flags(parser)
+    for row in rows:
+        flag = code_spans(row[0])[0].split()[0]
+        assert code_spans(row[1]) == [plugin_settings.ENV_VARS[dest_of[flag]]], flag
 
 
 def _marks(row: list[str], column: int) -> bool:
