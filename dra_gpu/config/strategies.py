@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from dra_gpu.config.v1beta1 import DeviceConfig
 
-# The values of ``sharing.strategy`` (``v1beta1.Strategy`` spells them as its Literal).
+# The values of ``sharing.strategy``, as ``v1beta1`` spells them (its ``Strategy`` literal and
+# constants; not imported from it, which would load pydantic).
 TIME_SLICING: Final = "TimeSlicing"
 MPS: Final = "MPS"
 

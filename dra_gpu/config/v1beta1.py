@@ -25,7 +25,6 @@ from pydantic_core import PydanticCustomError
 
 from dra_gpu.config.quantity import MemoryLimit
 from dra_gpu.config.shown import shown
-from dra_gpu.config.strategies import MPS, TIME_SLICING
 
 GROUP: Final = "resource.nvidia.com"
 VERSION: Final = "v1beta1"
@@ -34,8 +33,11 @@ API_VERSION: Final = "resource.nvidia.com/v1beta1"  # f"{GROUP}/{VERSION}", spel
 GPU_CONFIG_KIND: Final = "GpuConfig"
 MIG_DEVICE_CONFIG_KIND: Final = "MigDeviceConfig"
 
-# One value per row of dra_gpu.config.strategies (tests/unit/test_sharing_strategies.py).
+# One value per row of dra_gpu.config.strategies, which spells the names again so that it loads
+# no pydantic (tests/unit/test_sharing_strategies.py checks they agree).
 Strategy = Literal["TimeSlicing", "MPS"]
+TIME_SLICING: Final = "TimeSlicing"
+MPS: Final = "MPS"
 
 TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
 

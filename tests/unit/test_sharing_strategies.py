@@ -17,7 +17,7 @@ from typing import Any, get_args
 import pytest
 from fake_claims import FakeFetcher, claim, device_state, inventory, ref
 
-from dra_gpu.config import DeviceConfig, GpuSharing, MigDeviceSharing, strategies
+from dra_gpu.config import DeviceConfig, GpuSharing, MigDeviceSharing, strategies, v1beta1
 from dra_gpu.config.v1beta1 import Strategy
 from dra_gpu.kubeletplugin.ids import ClaimUID
 from dra_gpu.plugin import settings as plugin_settings
@@ -35,6 +35,7 @@ TIME_SLICING = strategies.STRATEGIES["TimeSlicing"]
 
 def test_one_row_per_strategy_a_config_may_name() -> None:
     assert set(strategies.STRATEGIES) == set(get_args(Strategy))
+    assert (strategies.MPS, strategies.TIME_SLICING) == (v1beta1.MPS, v1beta1.TIME_SLICING)
     assert all(name == row.name for name, row in strategies.STRATEGIES.items())
 
 

@@ -32,7 +32,7 @@ from typing import Final
 
 from dra_gpu.config import MpsConfig
 from dra_gpu.config.quantity import to_bytes
-from dra_gpu.config.strategies import MPS
+from dra_gpu.config.v1beta1 import MPS
 from dra_gpu.prepare.cdi import ClaimDevice
 from dra_gpu.prepare.sharing.runner import Command, CommandFailed, Runner
 
