@@ -115,6 +115,14 @@ class Settings:
     def rolling_update(self) -> bool:
         return self.pod_uid is not None
 
+    @property
+    def sharing_strategies(self) -> frozenset[str]:
+        """The sharing strategies this node applies, by name (each row's ``setting`` is a
+        switch of this class: tests/unit/test_sharing_strategies.py)."""
+        return strategies.enabled_by(
+            {s.setting: bool(getattr(self, s.setting)) for s in strategies.STRATEGIES.values()}
+        )
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the plugin's flags; each help text names its environment variable."""

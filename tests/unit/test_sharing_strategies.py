@@ -154,6 +154,18 @@ def _compute_published(values: dict[str, object], env: dict[str, str]) -> bool:
     return mode.compute
 
 
+def test_the_plugin_switches_the_strategies_its_settings_name() -> None:
+    base: dict[str, object] = {"node_name": "n"}
+    for values, names in [
+        ({}, set()),
+        ({"mps_support": "true"}, {"MPS"}),
+        ({"mps_support": "true", "time_slicing_settings": "true"}, {"MPS", "TimeSlicing"}),
+    ]:
+        settings = plugin_settings.build_settings({**base, **values}, {})
+        assert settings.sharing_strategies == names
+        assert Switches.of(settings.sharing_strategies).enabled == names
+
+
 def test_shares_publish_compute_where_the_table_says() -> None:
     assert _compute_published({"mps_support": "true"}, {}) is True
     assert _compute_published({}, {"MPS_SUPPORT": "true"}) is True

@@ -44,6 +44,12 @@ class Switches:
     time_slicing: bool = False
     mps: bool = False
 
+    @classmethod
+    def of(cls, enabled: Iterable[str]) -> Switches:
+        """The switches of the strategies named in ``enabled`` on, the others off."""
+        on = frozenset(enabled)
+        return cls(time_slicing=TIME_SLICING in on, mps=MPS in on)
+
     @property
     def enabled(self) -> frozenset[str]:
         """The names of the strategies applied (rows of ``dra_gpu.config.strategies``)."""
