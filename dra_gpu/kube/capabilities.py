@@ -40,7 +40,10 @@ GROUP: Final = "resource.k8s.io"
 SLICES_PATH: Final = f"/apis/{GROUP}/v1/resourceslices"
 CLASSES_PATH: Final = f"/apis/{GROUP}/v1/deviceclasses"
 OLDEST: Final = (1, 34)  # resource.k8s.io/v1 is GA from 1.34
-NEWEST_PROVEN: Final = (1, 37)  # the newest minor the version matrix ran (docs/versions.md)
+NEWEST_PROVEN: Final = (
+    1,
+    37,
+)  # the newest minor the version matrix ran (docs/development/versions.md)
 PROBE_DEVICE: Final = "capability-probe"
 
 

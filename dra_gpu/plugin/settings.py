@@ -96,12 +96,15 @@ class Settings:
     health_config: Path | None = None
     # Where /metrics is served; None: not served.
     metrics_address: tuple[str, int] | None = None
-    # Sharing applied to the GPUs (dra_gpu.prepare.sharing, docs/sharing.md); off: env only.
+    # Sharing applied to the GPUs (dra_gpu.prepare.sharing, docs/concepts/sharing.md); off: env
+    # only.
     time_slicing_settings: bool = False
     mps_support: bool = False
-    # "dynamic": MIG devices are created by prepare (docs/dynamic-mig.md); "static": as found.
+    # "dynamic": MIG devices are created by prepare (docs/concepts/dynamic-mig.md); "static": as
+    # found.
     mig_mode: str = "static"
-    # Consumable shares (docs/sharing.md#consumable-shares): several claims per device, each
+    # Consumable shares (docs/concepts/sharing.md#consumable-shares): several claims per device,
+    # each
     # given an MPS server of its own with its limits when --mps-support is on; None: off.
     consumable_shares: shares.ShareMode | None = None
     # GPU telemetry (plugin.telemetry), with the metrics endpoint only: seconds between passes

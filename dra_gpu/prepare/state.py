@@ -226,7 +226,7 @@ class DeviceState:
         self._driver_gate = driver_gate
         # Time-slicing and MPS applied to the GPUs (prepare.sharing); off unless switched on.
         self._sharing = sharing or Sharing.off(settings.state_dir)
-        self._mig = mig  # dynamic MIG: instances created by prepare (docs/dynamic-mig.md)
+        self._mig = mig  # dynamic MIG: instances created by prepare (docs/concepts/dynamic-mig.md)
         self._call_lock = call_lock
         self._inventory = inventory
         self._claims = claims
