@@ -16,7 +16,7 @@
 # (e2e/images/base.py, where no registry is reachable) is of the same release.
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 # The build stage's base: the same unless a build without index access passes one that carries
-# the wheels and pip's settings (docs/install.md, "Building without access to a registry or
+# the wheels and pip's settings (docs/user/install.md, "Building without access to a registry or
 # the package index"). Nothing of it reaches the runtime stage.
 ARG BUILD_IMAGE=${PYTHON_IMAGE}
 

@@ -39,10 +39,10 @@ e2e-deployed: $(STAMP)
 
 # The real-node scenario suite on every supported Kubernetes version (not in `make test`: each
 # version's cold build takes 20+ minutes). K8S_VERSIONS="v1.34.4 v1.37.2" picks versions. Prints
-# a version x scenario table ending with `N passed, N failed`, kept in docs/versions.md only when
+# a version x scenario table ending with `N passed, N failed`, kept in docs/development/versions.md only when
 # no cell failed or ran nothing (a skip is accepted only for a known gate: e2e/suite/needs.py).
 matrix: $(STAMP)
-	$(PY) -m e2e.matrix --docs docs/versions.md $(MATRIX_ARGS)
+	$(PY) -m e2e.matrix --docs docs/development/versions.md $(MATRIX_ARGS)
 
 # The kind kit (e2e/kind/run.sh) run here: kind, its base and node images built locally, the
 # cluster up, the chart installed, the suite, the cluster deleted. Part of `make test`: the design

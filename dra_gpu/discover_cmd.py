@@ -11,7 +11,7 @@ The plugin settings that change the slices (:data:`SLICE_SETTINGS`: driver name,
 support, consumable shares) are flags here too, parsed by the plugin's own ``build_settings`` from
 the flag or the plugin's environment variable, so ``discover`` in the plugin's pod prints that
 pod's slices and ``discover --simulate PROFILE --node NAME ...`` predicts a node scaled up from
-zero (docs/autoscaling.md).
+zero (docs/user/autoscaling.md).
 
 Imports stay light on purpose: without ``--simulate`` only pynvml is needed (no pydantic, no
 yaml, no Kubernetes client), so the command runs on a bare GPU host.

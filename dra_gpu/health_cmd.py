@@ -2,7 +2,7 @@
 
 Both append one line to the plugin's command file (``<state dir>/health-events.jsonl``), which
 the running plugin reads within a fraction of a second; run it where that file is, e.g.
-``kubectl exec`` into the plugin's pod. See docs/device-health.md.
+``kubectl exec`` into the plugin's pod. See docs/concepts/device-health.md.
 """
 
 from __future__ import annotations

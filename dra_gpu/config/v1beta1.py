@@ -33,6 +33,8 @@ API_VERSION: Final = "resource.nvidia.com/v1beta1"  # f"{GROUP}/{VERSION}", spel
 GPU_CONFIG_KIND: Final = "GpuConfig"
 MIG_DEVICE_CONFIG_KIND: Final = "MigDeviceConfig"
 
+# One value per row of dra_gpu.config.strategies, which spells the names again so that it loads
+# no pydantic (tests/unit/test_sharing_strategies.py checks they agree).
 Strategy = Literal["TimeSlicing", "MPS"]
 TIME_SLICING: Final = "TimeSlicing"
 MPS: Final = "MPS"

@@ -138,7 +138,7 @@ class GpuInfo:
     # Key into dra_gpu.devices.migprofiles (e.g. "H200-141GB"); None when unknown.
     mig_table: str | None = None
     # Dynamic MIG (the node's setting): MIG devices are created for claims, so every
-    # (profile, placement) is published as a partition of the GPU (docs/dynamic-mig.md).
+    # (profile, placement) is published as a partition of the GPU (docs/concepts/dynamic-mig.md).
     mig_dynamic: bool = False
     # The GPU's NUMA node (>= 0); None when neither NVML nor sysfs knows it (common in VMs),
     # so an unknown node is never published as node 0 or -1.

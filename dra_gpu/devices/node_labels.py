@@ -3,7 +3,7 @@
 Pods and tools select GPU nodes by the labels GPU Feature Discovery (GFD) writes
 (``nvidia.com/gpu.product``, ``nvidia.com/gpu.memory``, ...). A DRA-only cluster runs no GFD, so
 the kubelet plugin writes the labels of what it publishes (``plugin.node_labels`` applies them);
-where GFD runs too, both write the same values (docs/node-pools.md says which wins).
+where GFD runs too, both write the same values (docs/user/node-pools.md says which wins).
 
 Names and value formats follow GFD's labelers (NVIDIA/k8s-device-plugin, ``internal/lm``):
 

@@ -18,8 +18,9 @@ The published memory is rounded down to a whole MiB: the API server wants a rang
 be a multiple of its step.
 
 Beyond NVIDIA's: ``compute`` = 100 (percent of the device's SMs, default 0: no cap asked), only
-where the node enforces it (``compute=True``: MPS is switched on, which gives each share an MPS
-server whose active-thread percentage is the share's), and a policy on each MIG engine count
+where the node enforces it (``compute=True``: the strategy that caps shares is switched on --
+``dra_gpu.config.strategies``, today MPS, which gives each share an MPS server whose
+active-thread percentage is the share's), and a policy on each MIG engine count
 (default 0, so a claim that asks nothing leaves them to the others; without a policy the API's
 rule is that a claim consumes the whole capacity, and no second claim would fit). Capacities
 of 0 get no policy: a range needs ``min + step <= value``, and nothing can be consumed anyway.

@@ -1,4 +1,5 @@
-"""Simulated-profile files (YAML or JSON) -> ``SimProfile``; format: docs/simulated-profiles.md.
+"""Simulated-profile files (YAML or JSON) -> ``SimProfile``; format:
+docs/user/simulated-profiles.md.
 
 A file is user input, so it is parsed strictly with pydantic (unknown keys are errors, so a typo
 such as ``migDevice`` fails loudly instead of silently simulating a GPU without MIG), then
@@ -60,7 +61,8 @@ class GpuEntry(_Strict):
 class ProfileFile(_Strict):
     driver_version: str = Field(default="580.159.04", alias="driverVersion")
     cuda_driver_version: str = Field(default="13.0", alias="cudaDriverVersion")
-    # false: the kernel driver is unloaded, as during a driver upgrade (docs/device-health.md)
+    # false: the kernel driver is unloaded, as during a driver upgrade
+    # (docs/concepts/device-health.md)
     driver_loaded: bool = Field(default=True, alias="driverLoaded")
     gpus: list[GpuEntry] = Field(min_length=1)
 

@@ -13,7 +13,7 @@ Built-in profiles: ``h200x8`` (the real H200 of ``shared/fixtures``, eight of th
 ``h100x8`` (H100 SXM 80GB HBM3), ``h100x8-mig`` (the same with MIG on and no MIG devices, for
 dynamic MIG) and ``a100x4-mig`` (A100-SXM4-40GB, three with MIG layouts of
 mixed profiles). Custom profiles are files read by ``dra_gpu.devices.simfile`` (format in
-docs/simulated-profiles.md); ``dra_gpu.devices.profiles`` picks one of the two for
+docs/user/simulated-profiles.md); ``dra_gpu.devices.profiles`` picks one of the two for
 ``--simulate``. This module imports neither pydantic nor yaml.
 """
 

@@ -1,5 +1,5 @@
 """Usage of simulated GPUs, from a file the simulated node's workload writes (format in
-docs/simulated-profiles.md#usage-of-simulated-gpus).
+docs/user/simulated-profiles.md#usage-of-simulated-gpus).
 
 The file (``simulated-usage.json`` in the plugin's state directory) maps device names to what
 they are doing; a device it does not list is idle (no process, 0 % utilization). It is read

@@ -15,7 +15,7 @@ error. So the facts are probed, not assumed from the version number alone:
 - a dry-run create of a slice whose device carries ``bindingConditions`` and
   ``bindingFailureConditions`` (KEP-5007, ``DRADeviceBindingConditions``: alpha and off in 1.34
   and 1.35, beta and on from 1.36): whether dynamic MIG devices can be created before the pod
-  binds (docs/dynamic-mig.md).
+  binds (docs/concepts/dynamic-mig.md).
 - the Node's ``kubeletVersion``: which ``DRAResourceHealth`` version the kubelet asks for, and
   whether it watches device health at all.
 
@@ -44,7 +44,10 @@ GROUP: Final = "resource.k8s.io"
 SLICES_PATH: Final = f"/apis/{GROUP}/v1/resourceslices"
 CLASSES_PATH: Final = f"/apis/{GROUP}/v1/deviceclasses"
 OLDEST: Final = (1, 34)  # resource.k8s.io/v1 is GA from 1.34
-NEWEST_PROVEN: Final = (1, 37)  # the newest minor the version matrix ran (docs/versions.md)
+NEWEST_PROVEN: Final = (
+    1,
+    37,
+)  # the newest minor the version matrix ran (docs/development/versions.md)
 PROBE_DEVICE: Final = "capability-probe"
 
 

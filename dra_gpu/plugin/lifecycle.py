@@ -454,7 +454,7 @@ def device_state(
         cdi_root=settings.cdi_root,
         state_dir=settings.state_dir,
         platform=platform,
-        sharing=Switches(time_slicing=settings.time_slicing_settings, mps=settings.mps_support),
+        sharing=Switches.of(settings.sharing_strategies),
         inventory=inventory,
         client=client,
         poster=poster,

@@ -20,8 +20,8 @@ FIRST_GENERATION = 1  # the pool generation of a node's first publish
 
 
 def mig_binding_conditions(driver_name: str) -> slices.BindingConditions:
-    """What a dynamic MIG device reports before its pod binds (docs/dynamic-mig.md): the MIG
-    device was created for the allocation, or it could not be (nothing of it is left)."""
+    """What a dynamic MIG device reports before its pod binds (docs/concepts/dynamic-mig.md):
+    the MIG device was created for the allocation, or it could not be (nothing of it is left)."""
     return slices.BindingConditions(
         ready=(f"{driver_name}/{MIG_CREATED}",), failed=(f"{driver_name}/{MIG_FAILED}",)
     )

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.config import strategies
 from dra_gpu.devices import shares
 from dra_gpu.errors import UserError
 from dra_gpu.kubeletplugin import sockets
@@ -96,16 +97,18 @@ class Settings:
     health_config: Path | None = None
     # Where /metrics is served; None: not served.
     metrics_address: tuple[str, int] | None = None
-    # Sharing applied to the GPUs (dra_gpu.prepare.sharing, docs/sharing.md); off: env only.
+    # Sharing applied to the GPUs (dra_gpu.prepare.sharing, docs/concepts/sharing.md); off: env
+    # only.
     time_slicing_settings: bool = False
     mps_support: bool = False
     # Write GPU Feature Discovery's labels of the published GPUs on this node's Node
-    # (plugin.node_labels, docs/node-pools.md).
+    # (plugin.node_labels, docs/user/node-pools.md).
     node_labels: bool = False
-    # "dynamic": MIG devices are created by prepare (docs/dynamic-mig.md); "static": as found.
+    # "dynamic": MIG devices are created by prepare (docs/concepts/dynamic-mig.md); "static": as
+    # found.
     mig_mode: str = "static"
-    # Consumable shares (docs/sharing.md#consumable-shares): several claims per device, each
-    # given an MPS server of its own with its limits when --mps-support is on; None: off.
+    # Consumable shares (docs/concepts/sharing.md#consumable-shares): several claims per device,
+    # each given an MPS server of its own with its limits when --mps-support is on; None: off.
     consumable_shares: shares.ShareMode | None = None
     # GPU telemetry (plugin.telemetry), with the metrics endpoint only: seconds between passes
     # (None: off), how long a claim stays idle before its GpuIdle Event (None: never), and the
@@ -117,6 +120,14 @@ class Settings:
     @property
     def rolling_update(self) -> bool:
         return self.pod_uid is not None
+
+    @property
+    def sharing_strategies(self) -> frozenset[str]:
+        """The sharing strategies this node applies, by name (each row's ``setting`` is a
+        switch of this class: tests/unit/test_sharing_strategies.py)."""
+        return strategies.enabled_by(
+            {s.setting: bool(getattr(self, s.setting)) for s in strategies.STRATEGIES.values()}
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -366,9 +377,12 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     mig_mode = pick("mig_mode") or "static"
     if mig_mode not in MIG_MODES:
         raise SettingsError(f"MIG mode must be static or dynamic, got {mig_mode!r}")
-    mps_support = _switch(pick("mps_support"), "--mps-support")
+    switched = {s.setting: _switch(pick(s.setting), s.flag) for s in strategies.STRATEGIES.values()}
     try:
-        share_mode = shares.parse_mode(pick("consumable_shares"), compute=mps_support)
+        share_mode = shares.parse_mode(
+            pick("consumable_shares"),
+            compute=strategies.limits_shares_when(strategies.enabled_by(switched)),
+        )
     except shares.ShareModeError as err:
         raise SettingsError(str(err)) from None
     settings = Settings(
@@ -391,8 +405,8 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         rediscover_interval_s=_interval(pick("rediscover_interval")),
         health_config=_optional_path(pick("health_config")),
         metrics_address=_metrics_address(pick("metrics_address")),
-        time_slicing_settings=_switch(pick("time_slicing_settings"), "--time-slicing-settings"),
-        mps_support=mps_support,
+        time_slicing_settings=switched["time_slicing_settings"],
+        mps_support=switched["mps_support"],
         node_labels=_switch(pick("node_labels"), "--node-labels"),
         mig_mode=mig_mode,
         consumable_shares=share_mode,

@@ -1,4 +1,4 @@
-"""The telemetry loop's last snapshot as Prometheus series (docs/metrics.md#gpu-telemetry).
+"""The telemetry loop's last snapshot as Prometheus series (docs/user/metrics.md#gpu-telemetry).
 
 A collector registered on the plugin's registry: each scrape reads the loop's current
 :class:`telemetry.Snapshot` (one attribute read; the loop replaces it whole) and never calls

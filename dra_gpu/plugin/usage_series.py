@@ -18,9 +18,10 @@ Rules:
   (which share it belongs to is not known, and guessing would make an idle share read busy).
   Processes outside any pod (no pod UID) are one row with an empty UID and no claim: someone
   uses the GPU outside Kubernetes.
-* Under MPS the SM samples all go to the MPS server, so a pod of an MPS claim has no
-  utilization (None), only memory and the compute share its claim configured; its device's
-  utilization is the whole GPU's.
+* Under a strategy whose clients go through a daemon (MPS; ``dra_gpu.config.strategies``) the
+  SM samples all go to the daemon's server, so a pod of such a claim has no utilization (None),
+  only memory and the compute share its claim configured; its device's utilization is the
+  whole GPU's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from dra_gpu.config import strategies
 from dra_gpu.devices.model import Device
 from dra_gpu.devices.usage import DeviceUsage, ProcessUsage
 from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, ClaimRecord
@@ -50,10 +52,12 @@ class Holder:
     namespace: str
     name: str
     admin_access: bool = False
-    mps: bool = False
-    # Under MPS, the share of the SMs each client may use (mpsConfig.defaultActiveThreadPercentage);
-    # None when not MPS or not limited.
-    mps_share: float | None = None
+    # The claim's strategy serves its clients through a daemon (MPS): NVML gives the SM samples
+    # to the daemon, so its pods have no utilization of their own.
+    through_daemon: bool = False
+    # The share of the SMs each client may use, where the strategy caps it (MPS's
+    # defaultActiveThreadPercentage); None when it has no such cap or the claim set none.
+    compute_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class PodRow:
     processes: int
     memory_bytes: int | None
     utilization_ratio: float | None
-    compute_share: float | None = None  # MPS: the SM share each client of the claim may use
+    compute_share: float | None = None  # the SM share each client of the claim may use (MPS)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -119,16 +123,15 @@ def holders(claims: Mapping[str, ClaimRecord], *, pool: str) -> dict[str, list[H
             if d.pool != pool:
                 continue
             sharing = (d.config or {}).get("sharing") or {}
-            percentage = (sharing.get("mpsConfig") or {}).get("defaultActiveThreadPercentage")
-            mps = sharing.get("strategy") == "MPS"
+            strategy = strategies.recorded(sharing)
             out.setdefault(d.device, []).append(
                 Holder(
                     claim_uid=uid,
                     namespace=record.namespace,
                     name=record.name,
                     admin_access=d.admin_access,
-                    mps=mps,
-                    mps_share=percentage / 100 if mps and isinstance(percentage, int) else None,
+                    through_daemon=strategy is not None and strategy.through_daemon,
+                    compute_share=strategy.compute_share(sharing) if strategy else None,
                 )
             )
     return out
@@ -180,10 +183,10 @@ def build_view(
                     memory_bytes=_known_sum([p.memory_bytes for p in processes]),
                     utilization_ratio=(
                         None
-                        if owner is not None and owner.mps
+                        if owner is not None and owner.through_daemon
                         else _known_sum([p.sm_ratio for p in processes])
                     ),
-                    compute_share=owner.mps_share if owner is not None and pod_uid else None,
+                    compute_share=owner.compute_share if owner is not None and pod_uid else None,
                 )
             )
     return UsageView(

@@ -493,7 +493,7 @@ class CheckpointStore:
         """Apply and write ``batch`` under the file lock, taken and released on this thread.
 
         The write is spelled out here rather than through :meth:`_write`: a prepare's path from
-        the kubelet's call to the file stays six frames deep (docs/architecture.md)."""
+        the kubelet's call to the file stays six frames deep (docs/concepts/architecture.md)."""
         try:
             with self._file_lock() as fd:
                 checkpoint = _next_generation(self._read(fd))

@@ -9,8 +9,9 @@ shares of the device consumed plus the new one's must fit what the device publis
 scheduler ensured it for the allocations it made; a stale allocation, or one made while the
 node published other capacities, is refused here, naming the claims that hold the device).
 
-:func:`enforced` gives each share its limits: served by an MPS control daemon of its own (one
-per claim, as for any MPS claim: ``sharing.mps``) whose pinned device memory limit is the
+:func:`enforced` gives each share its limits through the strategy that caps shares
+(``dra_gpu.config.strategies.share_limiter``; today MPS): served by an MPS control daemon of its
+own (one per claim, as for any MPS claim: ``sharing.mps``) whose pinned device memory limit is the
 share's consumed memory and whose active thread percentage is its ``compute`` share, set before
 its server starts, so they cap every client of the share (a client can only lower them). A
 limit in the claim's own MPS config that is lower is kept; a time-slicing config on a share is
@@ -23,19 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from dra_gpu.config import (
-    DeviceConfig,
-    GpuConfig,
-    GpuSharing,
-    MigDeviceConfig,
-    MigDeviceSharing,
-    MpsConfig,
-    normalized,
-)
-from dra_gpu.config.quantity import to_bytes
-from dra_gpu.config.v1beta1 import MPS
+from dra_gpu.config.strategies import share_limiter
 from dra_gpu.devices.model import CAP_MEMORY
-from dra_gpu.devices.shares import CAP_COMPUTE, MEMORY_STEP
+from dra_gpu.devices.shares import CAP_COMPUTE
 from dra_gpu.kubeletplugin.slices import format_quantity
 from dra_gpu.prepare.checkpoint import ClaimRecord
 from dra_gpu.prepare.plan import ClaimPlan, PlannedDevice
@@ -79,37 +70,15 @@ def capacity_problem(
     return None
 
 
-def _limited(config: DeviceConfig, memory: int, compute: int) -> DeviceConfig:
-    sharing = config.sharing
-    own = (sharing.mpsConfig if sharing is not None and sharing.strategy == MPS else None) or (
-        MpsConfig()
-    )
-    if memory > 0:
-        mine = own.defaultPinnedDeviceMemoryLimit
-        limit = min(memory, to_bytes(mine)) if mine is not None else memory
-        own = own.model_copy(
-            update={"defaultPinnedDeviceMemoryLimit": f"{max(limit // MEMORY_STEP, 1)}Mi"}
-        )
-    if compute > 0:
-        mine_pct = own.defaultActiveThreadPercentage
-        pct = min(compute, mine_pct) if mine_pct is not None else compute
-        own = own.model_copy(update={"defaultActiveThreadPercentage": pct})
-    if isinstance(config, GpuConfig):
-        gpu = config.model_copy(update={"sharing": GpuSharing(strategy=MPS, mpsConfig=own)})
-        return normalized(gpu)
-    assert isinstance(config, MigDeviceConfig)
-    mig = config.model_copy(update={"sharing": MigDeviceSharing(strategy=MPS, mpsConfig=own)})
-    return normalized(mig)
-
-
 def enforced(plan: ClaimPlan) -> ClaimPlan:
-    """``plan`` with each share's limits in its device's MPS config (see the module doc)."""
+    """``plan`` with each share's limits in its device's config (see the module doc)."""
+    limiter = share_limiter()
     devices = []
     for planned in plan.devices:
         memory = planned.consumed.get(CAP_MEMORY, 0)
         compute = planned.consumed.get(CAP_COMPUTE, 0)
         if planned.share_id is not None and (memory > 0 or compute > 0):
-            config = _limited(planned.cdi.config, memory, compute)
+            config = limiter.limited(planned.cdi.config, memory, compute)
             planned = replace(planned, cdi=replace(planned.cdi, config=config))
         devices.append(planned)
     return replace(plan, devices=tuple(devices))

@@ -226,7 +226,7 @@ class DeviceState:
         self._driver_gate = driver_gate
         # Time-slicing and MPS applied to the GPUs (prepare.sharing); off unless switched on.
         self._sharing = sharing or Sharing.off(settings.state_dir)
-        self._mig = mig  # dynamic MIG: instances created by prepare (docs/dynamic-mig.md)
+        self._mig = mig  # dynamic MIG: instances created by prepare (docs/concepts/dynamic-mig.md)
         self._call_lock = call_lock
         self._inventory = inventory
         self._claims = claims
@@ -325,9 +325,7 @@ class DeviceState:
                     inventory=inventory,
                 )
                 pod_claim = device_metadata.pod_claim_name(claim["metadata"].get("annotations"))
-                if (
-                    self._sharing.switches.mps
-                ):  # each consumable share gets an MPS server of its own
+                if self._sharing.limits_shares:  # each consumable share gets its caps
                     plan = shares.enforced(plan)
                 devices = [d.cdi for d in plan.devices]
                 spec = self._spec(ref.uid, str(ref), devices, self._metadata(plan, pod_claim))

@@ -1,7 +1,7 @@
 """Telemetry samples (from the plugins' ``/metrics`` or Prometheus) -> the rows of ``dra-gpu
 top`` and their table or JSON (pure).
 
-A sample is ``(series name, labels, value)`` as the plugin exports it (docs/metrics.md): the
+A sample is ``(series name, labels, value)`` as the plugin exports it (docs/user/metrics.md): the
 device series give one row per (device, claim holding it) -- a device several claims hold
 (consumable shares, admin access) is exported once per claim --, the pod series the row's pods,
 ``dra_gpu_claim_idle_seconds`` its idle time. On a device several claims hold, a row's

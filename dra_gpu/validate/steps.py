@@ -3,7 +3,7 @@
 The command (``validate.command``) reads the objects and runs the pods; every decision about them
 is here, so each is tested without a cluster. A :class:`Verdict` is one line of the report: the
 step, pass or fail, what was seen and, on a failure, the layer at fault and what to look at
-(the layers of docs/troubleshooting.md, numbered as there).
+(the layers of docs/user/troubleshooting.md, numbered as there).
 
 The check pod prints a report that :func:`parse_report` reads::
 
@@ -52,7 +52,7 @@ class Verdict:
         if self.ok:
             return f"PASS  {self.step}: {self.said}"
         where = (
-            f" [layer {self.layer}, docs/troubleshooting.md; look at: {self.look}]"
+            f" [layer {self.layer}, docs/user/troubleshooting.md; look at: {self.look}]"
             if self.layer
             else ""
         )
@@ -94,7 +94,7 @@ def judge_plugin_pods(pods: Sequence[Mapping[str, Any]], node: str) -> Verdict:
         step,
         f"pod {name} is {phase}, {why}",
         layer="1. the plugin pod",
-        look=f"kubectl logs {_logs_of(name)}; docs/troubleshooting.md (registration)",
+        look=f"kubectl logs {_logs_of(name)}; docs/user/troubleshooting.md (registration)",
     )
 
 
@@ -112,7 +112,7 @@ def judge_readyz(url: str, status: int | None, body: str) -> Verdict:
         step,
         f"{url} answered {status if status is not None else 'nothing'}: {body.strip()[:200]}",
         layer="1. the plugin pod",
-        look="the plugin's log; docs/troubleshooting.md (registration)",
+        look="the plugin's log; docs/user/troubleshooting.md (registration)",
     )
 
 
@@ -166,7 +166,7 @@ def judge_slices(
             step,
             f"node {node} publishes no devices of {driver}: it has no GPUs the plugin can use",
             layer="2. discovery and publishing",
-            look=look + "; nvidia-smi on the node; docs/troubleshooting.md (no devices)",
+            look=look + "; nvidia-smi on the node; docs/user/troubleshooting.md (no devices)",
         )
     if not seen.complete:
         return failed(
@@ -253,7 +253,7 @@ def judge_container(
             f"pod {pod}: " + "; ".join(problems),
             layer="5. CDI in the runtime",
             look="the CDI spec under the node's CDI root; the runtime's CDI setting "
-            "(docs/troubleshooting.md: container sees no GPU)",
+            "(docs/user/troubleshooting.md: container sees no GPU)",
         )
     smi = f", nvidia-smi -L: {report.smi_uuids[0]}" if len(report.smi_uuids) == 1 else ""
     return passed(step, f"pod {pod} saw exactly {', '.join(allocated)}{smi}")

@@ -18,7 +18,7 @@ NEW = ("590.48.01", "13.1")
 
 
 def profile_document(name: str, *, driver: tuple[str, str] = OLD, loaded: bool = True) -> Any:
-    """The built-in profile ``name`` as a profile file (docs/simulated-profiles.md), with the
+    """The built-in profile ``name`` as a profile file (docs/user/simulated-profiles.md), with the
     driver's version and state; saved as ``<name>.yaml`` its GPUs keep their UUIDs."""
     profile = BUILTIN_PROFILES[name]
     gpus = []

@@ -10,7 +10,7 @@ the taint allocated, and its prepare refused naming the driver state (on a real 
 kubelet's attempt, in the pod's Events; on a simulated one NodePrepareResources called as the
 kubelet would); the new versions published and the taint gone; the pod prepared on the
 kubelet's retry; the prepared claims' CDI specs and checkpoint records unchanged; the Node's
-``GpuDriverRestored`` Event. docs/device-health.md says what operators see and do.
+``GpuDriverRestored`` Event. docs/concepts/device-health.md says what operators see and do.
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ def section(seen: Seen) -> str:
     )
     return "\n".join(
         [
-            f"Driver upgrade on {seen.node} (docs/device-health.md), {seen.seconds:.0f} s:",
+            f"Driver upgrade on {seen.node} (docs/concepts/device-health.md), {seen.seconds:.0f} "
+            "s:",
             f"  published driverVersion {seen.before[0]} -> {seen.after[0]}, "
             f"cudaDriverVersion {seen.before[1]} -> {seen.after[1]}",
             f"  driver unloaded: {seen.tainted}/{seen.devices} devices tainted {seen.taint}",
@@ -214,7 +215,7 @@ def run(kube: Kube, state: DemoState) -> str:
     try:
         return _run(kube, state)
     except WaitTimeout as exc:
-        return f"Driver upgrade on {NODE} (docs/device-health.md): FAILED: {exc}"
+        return f"Driver upgrade on {NODE} (docs/concepts/device-health.md): FAILED: {exc}"
 
 
 def _run(kube: Kube, state: DemoState) -> str:

@@ -60,15 +60,17 @@ from e2e.suite.kube import Kube
 if TYPE_CHECKING:
     from e2e.node.kubelet_node import Node
 
-# demo-h200's plugin applies time-slice intervals to its GPUs (off by default, docs/sharing.md):
+# demo-h200's plugin applies time-slice intervals to its GPUs (off by default,
+# docs/concepts/sharing.md):
 # its simulated GPUs record the nvidia-smi commands, which the sharing example shows.
 SHARING_NODE = "demo-h200"
 SHARING_FLAGS = ("--time-slicing-settings", "true")
 # demo-h100-dyn's H100s (MIG on, no MIG devices) use dynamic MIG: claims get MIG devices created
-# for them (docs/dynamic-mig.md).
+# for them (docs/concepts/dynamic-mig.md).
 DYNAMIC_MIG_NODE = "demo-h100-dyn"
 DYNAMIC_MIG_FLAGS = ("--mig-mode", "dynamic")
-# demo-h200-shared publishes its H200s as consumable shares by memory (docs/sharing.md): the
+# demo-h200-shared publishes its H200s as consumable shares by memory (docs/concepts/sharing.md):
+# the
 # shares example puts two claims on one GPU. The telemetry example's claims run there too (whole
 # GPUs: a claim that asks for nothing takes all the memory). The scenarios are kept off it, so
 # those examples find its GPUs free.
@@ -84,14 +86,14 @@ NODE_PROFILES = {
     SHARES_NODE: "h200x8",
 }
 # Every plugin writes GPU Feature Discovery's labels on its node, as the chart's default does
-# (docs/node-pools.md; e2e.demo.node_labels shows them).
+# (docs/user/node-pools.md; e2e.demo.node_labels shows them).
 NODE_LABEL_FLAGS = ("--node-labels", "true")
 NODE_FLAGS = {
     SHARING_NODE: SHARING_FLAGS,
     DYNAMIC_MIG_NODE: DYNAMIC_MIG_FLAGS,
     SHARES_NODE: SHARES_FLAGS,
 }
-# Every plugin serves /metrics with GPU telemetry (docs/metrics.md), sampled often and with a
+# Every plugin serves /metrics with GPU telemetry (docs/user/metrics.md), sampled often and with a
 # short idle period, so that the demo's idle claims get their GpuIdle Events while it runs: the
 # telemetry example is applied first, and its idle period passes while the others are applied.
 TELEMETRY_INTERVAL = "2"

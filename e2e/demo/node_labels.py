@@ -1,15 +1,15 @@
 """The demo's node labels: GPU Feature Discovery's labels on every demo node, and a pod that picks
 its node by them.
 
-Every demo plugin runs with ``--node-labels true`` (the chart's default, docs/node-pools.md), so
-each node carries ``nvidia.com/gpu.product``, ``gpu.count``, ``gpu.memory``, ... of what it
+Every demo plugin runs with ``--node-labels true`` (the chart's default, docs/user/node-pools.md),
+so each node carries ``nvidia.com/gpu.product``, ``gpu.count``, ``gpu.memory``, ... of what it
 publishes. :func:`section` prints what ``kubectl get nodes -L nvidia.com/gpu.product,
 nvidia.com/gpu.count,nvidia.com/gpu.memory`` prints, beside the same three values read from the
 node's ResourceSlices, and says whether they are equal. :func:`apply` creates a pod that selects
 ``nvidia.com/gpu.product=NVIDIA-H200`` by node affinity and a whole GPU by claim: it lands on an
-H200 node (``demo-h200`` or ``demo-h200-shared``), never on the A100 or H100 node, whose GPUs
-would fit its claim as well. The demo applies it after the time-slicing example has given back
-its GPU of ``demo-h200``.
+H200 node (``demo-h200`` or ``demo-h200-shared``), never on the A100 or H100 node, whose GPUs would
+fit its claim as well. The demo applies it after the time-slicing example has given back its GPU of
+``demo-h200``.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def section(table: Sequence[NodeRow]) -> str:
     cells = [(r.node, *r.labels, r.verdict()) for r in table]
     widths = [max(len(str(c[i])) for c in [head, *cells]) for i in range(len(head))]
     lines = [
-        "Node labels (GPU Feature Discovery's names, written by the plugins; docs/node-pools.md):",
+        "Node labels (GPU Feature Discovery's names, written by the plugins;"
+        " docs/user/node-pools.md):",
         "  kubectl get nodes -L " + ",".join(LABELS),
     ]
     for c in [head, *cells]:

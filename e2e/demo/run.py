@@ -291,7 +291,8 @@ def explore_text(state: DemoState) -> str:
         "(admission) = the admission webhook refused the example's claim: nothing was created",
         f"from it on. The webhook: {state.webhook} (controller log {state.controller_log}).",
         "<device> share <id> = the claim's share of a GPU that several claims use (consumable",
-        f"shares on {demo_env.SHARES_NODE}, docs/sharing.md): its shareID's first characters",
+        f"shares on {demo_env.SHARES_NODE}, docs/concepts/sharing.md): its shareID's first "
+        "characters",
         "and what it consumed, from the claim's allocation.",
         "",
         "Explore:",
@@ -305,7 +306,7 @@ def explore_text(state: DemoState) -> str:
         "  .venv/bin/python -m dra_gpu top -A "
         + " ".join(f"--metrics-url {n.metrics_url}" for n in state.nodes if n.metrics_url),
         f"  (or, without the alias: {kubectl} get resourceslices)",
-        "  # what a node of a profile publishes, before it exists (docs/autoscaling.md):",
+        "  # what a node of a profile publishes, before it exists (docs/user/autoscaling.md):",
         "  .venv/bin/python -m dra_gpu discover --simulate h200x8 --node demo-h200 "
         "-o resourceslices",
         "",
@@ -348,7 +349,9 @@ def _health_text(state: DemoState) -> list[str]:
         return []
     health = f".venv/bin/python -m dra_gpu health --state-dir {node.state_dir}"
     return [
-        "Device health (docs/device-health.md): an XID on a GPU of node " + node.name + ":",
+        "Device health (docs/concepts/device-health.md): an XID on a GPU of node "
+        + node.name
+        + ":",
         f"  {health} inject gpu-3 xid 79",
         "  kubectl get resourceslices -o yaml | grep -A4 'taints:'",
         f"  {health} clear gpu-3",

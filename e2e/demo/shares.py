@@ -1,6 +1,7 @@
 """The demo's consumable-shares example: two pods sharing one GPU by memory.
 
-``demo-h200-shared``'s plugin runs with ``--consumable-shares memory`` (docs/sharing.md): its
+``demo-h200-shared``'s plugin runs with ``--consumable-shares memory`` (docs/concepts/sharing.md):
+its
 H200s are published with ``allowMultipleAllocations`` and a memory policy, so the scheduler puts
 several claims on one GPU as long as their memory fits, gives each allocation result a
 ``shareID`` and records what it consumed. The example is the ``shared-by-memory`` scenario

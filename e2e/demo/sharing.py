@@ -1,6 +1,7 @@
 """The demo's sharing example: a time-slice interval set on the GPU at prepare, reset after the pod.
 
-``demo-h200``'s plugin runs with ``--time-slicing-settings=true`` (docs/sharing.md), so prepare
+``demo-h200``'s plugin runs with ``--time-slicing-settings=true`` (docs/concepts/sharing.md), so
+prepare
 sets a claim's interval on its GPU and unprepare puts the GPU back to Default. The GPUs are
 simulated: the plugin records each ``nvidia-smi`` command it would run, one JSON line each, in
 ``sharing-commands.jsonl`` of its state directory

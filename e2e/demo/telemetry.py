@@ -5,7 +5,7 @@ idle for 10 s (``env.telemetry_flags``). Two pods of the ``one-gpu`` scenario, `
 ``idle``, are pinned to ``demo-h200-shared`` (its GPUs are left free by the scenarios) as the
 demo's first example, so that the idle one's 10 s pass while the others are applied. The GPUs
 are simulated: what a device does is read from ``simulated-usage.json`` in the plugin's state
-directory (docs/simulated-profiles.md), which the demo writes as the busy pod's workload would:
+directory (docs/user/simulated-profiles.md), which the demo writes as the busy pod's workload would:
 one process of that pod, at 85 % of the SMs with 12 GiB. At the end the section shows what a
 user would run, ``dra-gpu top`` reading every plugin's ``/metrics``, and the ``GpuIdle`` Events:
 on the idle claim and its pod, none on the busy one.
@@ -113,11 +113,11 @@ def section(seen: Observed) -> str:
     idle_events = event_lines(seen.events) or ["  (none)"]
     on_busy = [e for e in seen.events if e["involvedObject"]["name"] in (BUSY, seen.busy_claim)]
     lines = [
-        "GPU telemetry (docs/metrics.md): every plugin samples its GPUs every "
+        "GPU telemetry (docs/user/metrics.md): every plugin samples its GPUs every "
         f"{TELEMETRY_INTERVAL} s (--telemetry-interval)",
         f"and posts a GpuIdle Event for a claim idle for {IDLE_AFTER} (--idle-after). Pod "
         f"{NAMESPACE}/{BUSY}'s process",
-        f"is written into {SHARES_NODE}'s simulated usage file (docs/simulated-profiles.md);",
+        f"is written into {SHARES_NODE}'s simulated usage file (docs/user/simulated-profiles.md);",
         f"nothing uses pod {NAMESPACE}/{IDLE}'s GPU.",
         "",
         f"$ {seen.top_command}",

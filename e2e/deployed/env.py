@@ -12,7 +12,8 @@
 3. starts two real nodes (kubelet + containerd, ``e2e.node``), ``gpu-h200`` and ``gpu-a100``, each
    labelled with the simulated profile its plugin serves, and imports both image archives into
    each node's containerd (``ctr -n k8s.io images import``);
-4. prepares the release namespaces (Pod Security ``privileged``, as docs/install.md says) and the
+4. prepares the release namespaces (Pod Security ``privileged``, as docs/user/install.md says) and
+the
    webhook's serving certificate (a ``kubernetes.io/tls`` Secret signed by the cluster CA for
    ``dra-gpu-webhook.dra-gpu.svc``; its CA goes to ``webhook.tls.caBundle``).
 

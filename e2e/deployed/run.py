@@ -26,7 +26,7 @@ kube-proxy), then runs these checks in order and prints one line per check and a
   ran, the claims prepared before it are unprepared by the new plugins when their pods go, and a
   pod created after it runs; the nodes' ``checkpoint.json`` still hold the claims prepared
   before it;
-- ``uninstall``: ``helm uninstall`` removes the chart's objects; what stays (docs/install.md):
+- ``uninstall``: ``helm uninstall`` removes the chart's objects; what stays (docs/user/install.md):
   the DeviceClasses the controller made and each node's checkpoint.
 
 ``--upgrade-from REF``: the upgrade from an earlier release. ``e2e-1`` is built from the tree of

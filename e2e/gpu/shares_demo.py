@@ -19,7 +19,7 @@ daemon runs with its own pipe, log and shm directories in a temp dir):
 Checks: each client got about its share (within ``--slack`` MiB below it, never above) and
 was stopped by an out-of-memory error. MPS limits each client process, not the server: the two
 clients of the small share together hold about twice that share, which is printed (and what
-docs/sharing.md says). Prints each step's raw output; exits 0 only if every
+docs/concepts/sharing.md says). Prints each step's raw output; exits 0 only if every
 check held.
 """
 

@@ -10,7 +10,8 @@
    images loaded, chart installed twice, ``python -m e2e.suite``, cluster deleted.
 
 Prints how long each step took (``[kind] <step>: <seconds> s``); run.sh's own lines carry the
-seconds since it started. With a registry at hand, run ``e2e/kind/run.sh`` itself (docs/e2e.md).
+seconds since it started. With a registry at hand, run ``e2e/kind/run.sh`` itself
+(docs/development/e2e.md).
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ class Gate:
 
 
 # The features a scenario may be refused for, and the first minor that serves each with its
-# default gates (seen in `make matrix`'s runs, docs/versions.md). A refusal naming any other
-# reason, or one on a version at or after ``served_from``, is a scenario that did not run.
+# default gates (seen in `make matrix`'s runs, docs/development/versions.md). A refusal naming
+# any other reason, or one on a version at or after ``served_from``, is a scenario that did not run.
 KNOWN_GATES: Mapping[str, Gate] = {
     g.name: g
     for g in (

@@ -227,7 +227,7 @@ def yaml_blocks(markdown: str) -> list[dict[str, Any]]:
 
 
 def test_every_example_in_the_docs_is_accepted(cluster: Cluster, namespace: str) -> None:
-    docs = yaml_blocks((helm.CHART.parents[2] / "docs" / "examples.md").read_text())
+    docs = yaml_blocks((helm.CHART.parents[2] / "docs" / "user" / "examples.md").read_text())
     assert len(docs) >= 8
     for doc in docs:
         cluster.kubectl(

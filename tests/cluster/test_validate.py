@@ -34,7 +34,7 @@ def test_a_node_that_does_not_exist(cluster: Cluster) -> None:
     assert done.returncode == 1
     assert done.stdout.splitlines() == [
         "FAIL  node: node no-such-node does not exist "
-        "[layer 0. the cluster, docs/troubleshooting.md; look at: kubectl get nodes]",
+        "[layer 0. the cluster, docs/user/troubleshooting.md; look at: kubectl get nodes]",
         "SKIP  plugin",
         "SKIP  slices",
         "SKIP  pod",
@@ -54,7 +54,7 @@ def test_a_node_without_the_plugin_fails_naming_it(cluster: Cluster) -> None:
     assert lines[1].startswith(
         f"FAIL  plugin: no kubelet plugin pod on node {node} "
         "(pods labelled app.kubernetes.io/name=dra-gpu,app.kubernetes.io/component=kubelet-plugin) "
-        "[layer 1. the plugin pod (its DaemonSet), docs/troubleshooting.md; "
+        "[layer 1. the plugin pod (its DaemonSet), docs/user/troubleshooting.md; "
         "look at: kubectl get ds -A"
     ), lines[1]
     assert lines[2:5] == ["SKIP  slices", "SKIP  pod", "SKIP  cdi"]

@@ -10,7 +10,7 @@ Cases, with the webhook down:
   claim with a GpuConfig in kube-system are all created;
 - removing the finalizer of the claim with a GpuConfig, and labelling it, both succeed;
 - a new claim with a GpuConfig is refused, naming the claims webhook (failurePolicy Fail, as
-  docs/security.md says).
+  docs/user/security.md says).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def test_claim_with_a_gpu_config_is_refused_naming_the_webhook(webhook_down: Kub
 
 
 def test_the_chart_fails_closed_only_for_claims_with_a_config() -> None:
-    """The defaults the tests above rely on (docs/security.md says why)."""
+    """The defaults the tests above rely on (docs/user/security.md says why)."""
     config = helm.webhook_configuration(
         "x", {"url": "https://127.0.0.1:1/validate"}, namespaces=[NS], class_selector={}
     )

@@ -111,7 +111,7 @@ def driver(
             kubeconfig=cluster.kubeconfig,
             profile=NODE_PROFILES[name],
             healthz_port=healthz[name],
-            # GFD's labels on the Node, as the chart does (docs/node-pools.md).
+            # GFD's labels on the Node, as the chart does (docs/user/node-pools.md).
             extra=(*metrics_flag(name), "--node-labels", "true"),
         )
         for name, node in real_nodes.items()

@@ -255,7 +255,7 @@ def test_taints_keep_new_claims_off_evict_pods_and_clear(
         )
         assert kube.pod(namespace, replacement)["status"]["phase"] == "Running"
 
-        # an administrator pins gpu-1 with a DeviceTaintRule (docs/device-health.md)
+        # an administrator pins gpu-1 with a DeviceTaintRule (docs/concepts/device-health.md)
         kube.custom.create_cluster_custom_object(
             "resource.k8s.io", "v1", "devicetaintrules", pin_rule(PIN, "gpu-1")
         )

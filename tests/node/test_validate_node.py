@@ -41,7 +41,7 @@ def test_validate_passes_step_by_step_on_a_real_node(
         check=False,
         timeout=600,
     )
-    print(done.stdout)  # the report, for -rP (docs/node-pools.md quotes it)
+    print(done.stdout)  # the report, for -rP (docs/user/node-pools.md quotes it)
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout + done.stderr
     assert [line.split(":")[0] for line in lines[:5]] == [

@@ -65,7 +65,7 @@ SEEN = driver_upgrade.Seen(
 def test_the_section_says_what_the_step_saw() -> None:
     text = driver_upgrade.section(SEEN)
     assert text.splitlines() == [
-        "Driver upgrade on demo-h200-shared (docs/device-health.md), 17 s:",
+        "Driver upgrade on demo-h200-shared (docs/concepts/device-health.md), 17 s:",
         "  published driverVersion 580.159.4 -> 590.48.1, cudaDriverVersion 13.0.0 -> 13.1.0",
         "  driver unloaded: 8/8 devices tainted gpu.nvidia.com/driver-unavailable="
         "nvmlinit-driver-not-loaded.20261206T073537Z:NoSchedule",

@@ -288,7 +288,9 @@ def test_unknown_profile_lists_builtins() -> None:
 
 
 def test_docs_list_every_builtin_profile_and_product() -> None:
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "simulated-profiles.md").read_text()
+    doc = (
+        Path(__file__).resolve().parents[2] / "docs" / "user" / "simulated-profiles.md"
+    ).read_text()
     for name in [*simulated.BUILTIN_PROFILES, *simulated.PRODUCTS]:
         assert f"`{name}`" in doc, name
     for table in migprofiles.TABLES.values():

@@ -1,7 +1,7 @@
 """Every file and module the docs name exists: a rename or a removal that leaves a doc behind
 fails here.
 
-Cases, over README.md and docs/*.md, for each name in backticks:
+Cases, over README.md and every .md under docs/, for each name in backticks:
 - a path ending in a source or config suffix (``prepare/cdi.py``, ``manifests/helm/...yaml``)
   exists relative to the repository, to ``dra_gpu/`` or to ``docs/``, or (a bare file name) as a
   file somewhere in the tree;
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SUFFIXES = (".py", ".proto", ".toml", ".sh", ".c", ".cu", ".md")
 PATH = re.compile(r"^[\w.\-/]+(" + "|".join(re.escape(s) for s in SUFFIXES) + r")$")
 DOTTED = re.compile(r"^(dra_gpu|e2e)(\.\w+)+$")

@@ -1,9 +1,10 @@
-"""docs/configuration.md against the code: a missing or stale line fails here.
+"""docs/user/configuration.md against the code: a missing or stale line fails here.
 
 Cases:
 - every subcommand of ``dra_gpu.cli.build_parser()`` has a section, and its flag table lists
   exactly the subcommand's flags (none missing, none that no longer exist);
-- the kubelet plugin's table names the environment variable each flag reads;
+- the kubelet plugin's table names the environment variable each flag reads, and so does the
+  short table of docs/concepts/kubelet-plugin.md, which lists every flag too;
 - the attribute and capacity tables list exactly the names ``dra_gpu.devices.model`` publishes,
   with the right value type and the right device types (full GPU / MIG);
 - every field of the opaque config kinds is documented under its kind;
@@ -30,7 +31,7 @@ from dra_gpu.devices import model
 from dra_gpu.plugin import settings as plugin_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "configuration.md"
+DOC = ROOT / "docs" / "user" / "configuration.md"
 VALUES = ROOT / "manifests" / "helm" / "dra-gpu" / "values.yaml"
 CHECK = "✓"
 
@@ -100,7 +101,7 @@ def doc_flags(rows: list[list[str]]) -> set[str]:
 @pytest.mark.parametrize("name", sorted(subcommands()))
 def test_every_flag_of_every_subcommand_is_documented(doc: dict[str, str], name: str) -> None:
     heading = f"`dra-gpu {name}`"
-    assert heading in doc, f"docs/configuration.md has no section {heading}"
+    assert heading in doc, f"docs/user/configuration.md has no section {heading}"
     flags = code_flags(subcommands()[name])
     if not flags:
         return
@@ -116,6 +117,18 @@ def test_plugin_flags_name_their_environment_variables(doc: dict[str, str]) -> N
         flag = code_spans(row[0])[0].split()[0]
         expected = plugin_settings.ENV_VARS[dest_of[flag]]
         assert code_spans(row[1]) == [expected], f"{flag} reads {expected}"
+
+
+def test_kubelet_plugin_page_lists_every_flag_with_its_variable() -> None:
+    # docs/concepts/kubelet-plugin.md has its own short table (default only), which went stale once.
+    page = (ROOT / "docs" / "concepts" / "kubelet-plugin.md").read_text()
+    parser = subcommands()["kubelet-plugin"]
+    dest_of = {f: a.dest for a in parser._actions for f in a.option_strings}
+    rows = table_rows(page)
+    assert doc_flags(rows) == code_flags(parser)
+    for row in rows:
+        flag = code_spans(row[0])[0].split()[0]
+        assert code_spans(row[1]) == [plugin_settings.ENV_VARS[dest_of[flag]]], flag
 
 
 def _marks(row: list[str], column: int) -> bool:
@@ -190,7 +203,7 @@ def value_keys(values: dict[str, Any], prefix: str = "") -> Iterator[str]:
 def test_every_chart_value_is_documented(doc: dict[str, str]) -> None:
     keys = set(value_keys(yaml.safe_load(VALUES.read_text())))
     documented = {code_spans(r[0])[0] for r in table_rows(doc["Helm chart values"])}
-    assert not keys - documented, "chart values missing from docs/configuration.md"
+    assert not keys - documented, "chart values missing from docs/user/configuration.md"
     assert not documented - keys, "documented chart values that values.yaml does not have"
 
 

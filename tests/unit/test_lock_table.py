@@ -1,6 +1,7 @@
-"""docs/architecture.md's thread, lock and event tables against the code: a lock, condition,
-queue, event, lock file or thread started in ``dra_gpu/`` without its row fails here, and so
-does a row whose construction is gone (the same approach as test_docs.py for the flags).
+"""docs/concepts/architecture.md's thread, lock and event tables against the code: a lock,
+condition, queue, event, lock file or thread started in ``dra_gpu/`` without its row fails
+here, and so does a row whose construction is gone (the same approach as test_docs.py for the
+flags).
 
 Cases:
 - every construction the inventory finds has a row naming its key in a table of its kind, in
@@ -50,7 +51,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "dra_gpu"
-DOC = ROOT / "docs" / "architecture.md"
+DOC = ROOT / "docs" / "concepts" / "architecture.md"
 
 THREAD, LOCK, FLOCK, EVENT = "thread", "lock", "lock file", "event"
 # What kind of construction goes into which kind of table.
@@ -516,7 +517,9 @@ def doc_rows(text: str) -> tuple[list[Row], list[str]]:
             found.append(Row(section, what, name, keys, named))
     for section in SECTIONS:
         if section not in seen_sections:
-            problems.append(f'docs/architecture.md has no section "{section}" with a table')
+            problems.append(
+                f'docs/concepts/architecture.md has no section "{section}" with a table'
+            )
     return found, problems
 
 
@@ -555,7 +558,8 @@ def problems(found: Sequence[Construction], rows: Sequence[Row]) -> list[str]:
             )
         out.append(
             f"dra_gpu/{c.module}:{c.line}: {c.kind} ({c.what}) `{c.key}` has no row in "
-            f'docs/architecture.md, section "{section}"{hint}. Add a row naming `{c.key}` in its '
+            f'docs/concepts/architecture.md, section "{section}"{hint}. Add a row naming `{c.key}` '
+            "in its "
             f"`where` column: {WHAT_A_ROW_SAYS[table]}.{kind_hint}"
         )
     for key, named_in in sorted(listed.items()):
@@ -565,14 +569,15 @@ def problems(found: Sequence[Construction], rows: Sequence[Row]) -> list[str]:
                 module = key.split(":", 1)[0]
                 now = sorted(f.key for f in found if f.module == module)
                 out.append(
-                    f'docs/architecture.md, "{row.section}", row "{row.name}": `{key}` names no '
+                    f'docs/concepts/architecture.md, "{row.section}", row "{row.name}": `{key}` '
+                    "names no "
                     f"construction in dra_gpu/ (renamed, moved or removed?): fix the key or drop "
                     f"it (and the row, if it was its last). Constructions in {module} now: "
                     f"{', '.join(now) if now else 'none'}"
                 )
             elif TABLE_OF[made.kind] != row.table:
                 out.append(
-                    f'docs/architecture.md, "{row.section}", row "{row.name}": `{key}` is '
+                    f'docs/concepts/architecture.md, "{row.section}", row "{row.name}": `{key}` is '
                     f"{_a(made.kind)} ({made.what}): its row belongs in "
                     f"{_a(TABLE_OF[made.kind])} table"
                 )
@@ -646,11 +651,12 @@ def test_a_lock_without_its_row_fails_naming_it() -> None:
     rows, _ = doc_rows(ONE_ROW)
     assert problems(inventory({"cache.py": UNLISTED}), rows) == [
         "dra_gpu/cache.py:8: lock (threading.Lock) `cache.py:Cache._seen` has no row in "
-        'docs/architecture.md, section "Locks of the kubelet plugin". Add a row naming '
+        'docs/concepts/architecture.md, section "Locks of the kubelet plugin". Add a row naming '
         "`cache.py:Cache._seen` in its `where` column: what it guards, who takes it, whether it "
         "is held around I/O, and its place in the order (the # column: a thread holding a lock "
         "takes only locks further down).",
-        'docs/architecture.md, "Locks of the kubelet plugin", row "Cache._old": `cache.py:Cache'
+        'docs/concepts/architecture.md, "Locks of the kubelet plugin", row "Cache._old": '
+        "`cache.py:Cache"
         "._old` names no construction in dra_gpu/ (renamed, moved or removed?): fix the key or "
         "drop it (and the row, if it was its last). Constructions in cache.py now: "
         "cache.py:Cache._lock, cache.py:Cache._seen",

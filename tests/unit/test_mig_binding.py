@@ -1,4 +1,4 @@
-"""Dynamic MIG before the pod binds (KEP-5007 binding conditions, docs/dynamic-mig.md).
+"""Dynamic MIG before the pod binds (KEP-5007 binding conditions, docs/concepts/dynamic-mig.md).
 
 Cases:
 - published: where binding conditions are served, every dynamic MIG device carries the

@@ -205,6 +205,6 @@ def test_a_node_that_does_not_exist_stops_at_the_first_check() -> None:
     assert not outcome.ok
     assert (
         said[0] == "FAIL  node: node ghost does not exist "
-        "[layer 0. the cluster, docs/troubleshooting.md; look at: kubectl get nodes]"
+        "[layer 0. the cluster, docs/user/troubleshooting.md; look at: kubectl get nodes]"
     )
     assert said[1:] == ["SKIP  plugin", "SKIP  slices", "SKIP  pod", "SKIP  cdi"]

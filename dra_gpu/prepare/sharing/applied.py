@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dra_gpu.config import strategies
+from dra_gpu.config.strategies import MPS, TIME_SLICING
 from dra_gpu.errors import UserError
 from dra_gpu.prepare.cdi import ClaimDevice
 from dra_gpu.prepare.checkpoint import ClaimRecord
@@ -41,6 +43,19 @@ class SharingError(UserError, RuntimeError):
 class Switches:
     time_slicing: bool = False
     mps: bool = False
+
+    @classmethod
+    def of(cls, enabled: Iterable[str]) -> Switches:
+        """The switches of the strategies named in ``enabled`` on, the others off."""
+        on = frozenset(enabled)
+        return cls(time_slicing=TIME_SLICING in on, mps=MPS in on)
+
+    @property
+    def enabled(self) -> frozenset[str]:
+        """The names of the strategies applied (rows of ``dra_gpu.config.strategies``)."""
+        return frozenset(
+            name for name, on in ((TIME_SLICING, self.time_slicing), (MPS, self.mps)) if on
+        )
 
 
 def recording_path(state_dir: Path) -> Path:
@@ -66,6 +81,12 @@ class Sharing:
     def active(self) -> bool:
         """Whether any strategy is applied (off: prepare and unprepare skip sharing's reads)."""
         return self.switches.time_slicing or self.switches.mps
+
+    @property
+    def limits_shares(self) -> bool:
+        """Whether each consumable share gets its memory and compute caps (the strategy that
+        caps shares is applied: ``strategies.share_limiter``)."""
+        return strategies.limits_shares_when(self.switches.enabled)
 
     @property
     def _mps(self) -> mps.MpsControl:

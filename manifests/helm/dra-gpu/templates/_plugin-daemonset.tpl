@@ -58,7 +58,7 @@ spec:
     spec:
       serviceAccountName: {{ include "dra-gpu.pluginName" $root }}
       {{- if and $root.Values.metrics.enabled $root.Values.metrics.telemetry.hostPID }}
-      # GPU processes by pod (docs/metrics.md#gpu-telemetry): NVML names them by host PID.
+      # GPU processes by pod (docs/user/metrics.md#gpu-telemetry): NVML names them by host PID.
       hostPID: true
       {{- end }}
       {{- with $plugin.priorityClassName }}

@@ -1,5 +1,5 @@
 {{- /*
-Whether the kubelet plugin posts GpuIdle Events (docs/metrics.md#idle-claims): telemetry runs
+Whether the kubelet plugin posts GpuIdle Events (docs/user/metrics.md#idle-claims): telemetry runs
 with the metrics endpoint, and neither its interval nor metrics.telemetry.idleAfter is 0
 (`0`, `0s`, `0m`...: the plugin reads them as off). "true" or empty.
 */ -}}
