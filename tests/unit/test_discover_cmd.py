@@ -169,6 +169,7 @@ NOT_IN_SLICES = {
     "health_config",
     "metrics_address",
     "time_slicing_settings",  # applied at prepare, not published
+    "node_labels",  # the Node's labels, not its slices
     "telemetry_interval",
     "idle_after",
     "idle_threshold",

@@ -1,7 +1,7 @@
 """Every command the docs name exists, with the flags they give it: a renamed target, module or
 flag that leaves a doc behind fails here.
 
-Over README.md and docs/*.md, in code (backtick spans and fenced blocks), each command a line
+Over README.md and docs/**/*.md, in code (backtick spans and fenced blocks), each command a line
 starts (also after ``&&``, ``;``, ``|`` or ``kubectl exec ... --``):
 
 - ``make TARGET``: a target of the Makefile;
@@ -33,7 +33,7 @@ import pytest
 from dra_gpu import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 OURS = ("dra_gpu", "e2e", "bench")
 
 _FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
