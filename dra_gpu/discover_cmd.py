@@ -97,6 +97,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(default: $MPS_SUPPORT, else false)",
     )
     p.add_argument(
+        "--binding-conditions",
+        default="true",
+        metavar="BOOL",
+        help="with --mig-mode dynamic: true (default) prints the MIG devices' binding conditions, "
+        "as a node publishes them where the API server serves them (Kubernetes 1.36 and later); "
+        "false: as on 1.34 and 1.35",
+    )
+    p.add_argument(
         "--driver-root",
         type=Path,
         default=None,
@@ -186,7 +194,10 @@ def render(
     node_name: str,
     shares: device_shares.ShareMode | None = None,
     driver_name: str = dra_gpu.DRIVER_NAME,
+    binding: bool = False,
 ) -> str:
+    """``binding``: the dynamic MIG devices carry their binding conditions (the plugin adds them
+    where the API server serves them; ``discover`` cannot ask a server, so it is told)."""
     if output == "table":
         return render_table(devices)
     objs = published.node_slices(
@@ -196,6 +207,7 @@ def render(
         node_uid=None,
         pool_generation=published.FIRST_GENERATION,
         shares=shares,
+        binding=published.mig_binding_conditions(driver_name) if binding else None,
     )
     if output == "json":
         doc: dict[str, Any] = {"apiVersion": "v1", "kind": "List", "items": objs}
@@ -221,6 +233,13 @@ def run(args: argparse.Namespace) -> int:
     except plugin_settings.SettingsError as e:
         print(f"dra-gpu discover: {e}", file=sys.stderr)
         return 2
+    binding = str(args.binding_conditions).strip().lower()
+    if binding not in ("true", "false"):
+        print(
+            f"dra-gpu discover: --binding-conditions must be true or false, not {binding!r}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         backend = make_backend(
             simulate=args.simulate,
@@ -245,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
             node_name=node_name,
             shares=settings.consumable_shares,
             driver_name=settings.driver_name,
+            binding=settings.mig_mode == "dynamic" and binding == "true",
         )
     )
     if discovery.errors:

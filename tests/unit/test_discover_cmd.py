@@ -21,7 +21,7 @@ from nvml_fakes import FakeGpu, FakeNvml
 from dra_gpu import cli, discover_cmd
 from dra_gpu.devices import nvml, profiles, simulated
 from dra_gpu.kubeletplugin import publisher, slices
-from dra_gpu.plugin import inventory, node_plugin, platforms
+from dra_gpu.plugin import inventory, node_plugin, platforms, published
 from dra_gpu.plugin import settings as plugin_settings
 
 
@@ -64,14 +64,25 @@ def test_json_is_the_published_slices(capsys: pytest.CaptureFixture[str]) -> Non
         ("h200x8", {"consumable_shares": "memory", "mps_support": "true"}),
         ("h100x8-mig", {"mig_mode": "dynamic"}),
         ("h100x8-mig", {"mig_mode": "dynamic", "consumable_shares": "memory"}),
+        ("h100x8-mig", {"mig_mode": "dynamic", "binding_conditions": "false"}),
         ("h100x8", {"driver_name": "gpu.example.com"}),
     ],
 )
 def test_json_is_exactly_what_the_plugin_publishes(
     capsys: pytest.CaptureFixture[str], profile: str, flags: dict[str, str]
 ) -> None:
-    # The plugin's first publish on node n1, into an in-memory API server.
-    settings = plugin_settings.build_settings({"node_name": "n1", "simulate": profile, **flags}, {})
+    # The plugin's first publish on node n1, into an in-memory API server; a dynamic-MIG plugin
+    # adds binding conditions where the server serves them (discover's default: it does).
+    plugin_flags = {k: v for k, v in flags.items() if k != "binding_conditions"}
+    settings = plugin_settings.build_settings(
+        {"node_name": "n1", "simulate": profile, **plugin_flags}, {}
+    )
+    served = flags.get("binding_conditions", "true") == "true"
+    binding = (
+        published.mig_binding_conditions(settings.driver_name)
+        if settings.mig_mode == "dynamic" and served
+        else None
+    )
     devices = inventory.discover(
         inventory.backend_for(
             platforms.for_node(simulate=profile, node_name="n1"),
@@ -83,7 +94,7 @@ def test_json_is_exactly_what_the_plugin_publishes(
         store=store,
         node="n1",
         driver=settings.driver_name,
-        render=node_plugin.renderer(settings, devices),
+        render=node_plugin.renderer(settings, devices, binding=binding),
         alive=lambda other: False,
     ).reconcile_once()
 
@@ -212,6 +223,27 @@ def test_karpenter_templates_are_the_slices_without_per_gpu_identity(
             assert dropped  # each device is known by a UUID (its own or its GPU's)
     assert any("sharedCounters" in t["spec"] for t in templates)
     assert any("devices" in t["spec"] for t in templates)
+
+
+def test_dynamic_mig_devices_carry_binding_conditions_unless_told_the_server_lacks_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ("--simulate", "h100x8-mig", "--node", "n1", "--mig-mode", "dynamic", "-o", "json")
+
+    def conditions(out: str) -> set[tuple[str, ...]]:
+        return {
+            (*d.get("bindingConditions", ()), *d.get("bindingFailureConditions", ()))
+            for s in json.loads(out)["items"]
+            for d in s["spec"].get("devices", [])
+        }
+
+    _, served, _ = run(capsys, *argv)
+    _, old, _ = run(capsys, *argv, "--binding-conditions", "false")
+    _, static, _ = run(capsys, "--simulate", "a100x4-mig", "--node", "n1", "-o", "json")
+    assert conditions(served) == {("gpu.nvidia.com/mig-created", "gpu.nvidia.com/mig-failed")}
+    assert conditions(old) == conditions(static) == {()}  # static MIG devices exist already
+    rc, _, err = run(capsys, *argv, "--binding-conditions", "yes")
+    assert rc == 2 and "--binding-conditions must be true or false, not 'yes'" in err
 
 
 def test_unknown_profile_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
