@@ -121,6 +121,7 @@ def test_bad_input_is_refused_at_admission_and_the_ending_names_the_simulated_no
 
     observed = demo.observe(kube, state, *demo_dynamic_mig.apply(kube))
     (row,) = demo_dynamic_mig.with_created(observed, state, kube)
+    print(demo_view.render_table([row]))  # as make demo prints it
     assert (row.node, row.source) == (demo_env.DYNAMIC_MIG_NODE, "cdi")
     assert row.devices == "gpu-0-mig-3g40gb-9-4", row  # 3g and larger are placed top-down
     assert "MIG 3g.40gb" in row.saw and "created MIG-" in row.saw, row
@@ -135,7 +136,8 @@ def test_bad_input_is_refused_at_admission_and_the_ending_names_the_simulated_no
     (bound_at,) = re.findall(r"pod bound at (\S+) \(PodScheduled True\)", row.saw)
     assert made_at <= bound_at, row
     (events,) = [line for line in row.saw.splitlines() if line.startswith("pod events: ")]
-    assert events.index("BindingConditionsPending") < events.index("Scheduled"), row
+    reasons = [e.split()[0] for e in events.removeprefix("pod events: ").split(", ")]
+    assert reasons.index("BindingConditionsPending") < reasons.index("Scheduled"), row
     assert row.saw.splitlines()[-1] == "mig-created was True before the pod was bound", row
 
     example = demo_sharing.apply(kube, state)

@@ -85,9 +85,9 @@ def dyn(cluster: Cluster, driver: object, kube: Kube) -> Iterator[DynamicNode]:
     dn = DynamicNode(cluster, node)
     try:
         dn.plugin.start()
-        refused = wait_for("the plugin registered or refusing", lambda: started(dn), timeout=WAIT_S)
-        if refused:  # this Kubernetes lacks what dynamic MIG needs: the plugin's words
-            pytest.skip(f"refused: {refused}")
+        outcome = wait_for("the plugin registered or refusing", lambda: started(dn), timeout=WAIT_S)
+        if outcome.startswith("refused: "):  # this Kubernetes lacks what dynamic MIG needs
+            pytest.skip(outcome)
         kube.create_namespace(NAMESPACE)
         for profile in ("1g.10gb", "2g.20gb", "3g.40gb"):
             kube.create(NAMESPACE, mig_manifests.claim_template(template(profile), profile))
@@ -100,16 +100,16 @@ def dyn(cluster: Cluster, driver: object, kube: Kube) -> Iterator[DynamicNode]:
 
 
 def started(dn: DynamicNode) -> str | None:
-    """'' once the kubelet registered the plugin; its refusal when it would not start; None
-    while neither."""
+    """``registered`` once the kubelet registered the plugin; ``refused: <why>`` when it would
+    not start, in its own words; None while neither."""
     if dn.plugin.registrations() > 0:
-        return ""
+        return "registered"
     if dn.plugin.alive:
         return None
     said = re.findall(r"cannot start: (.*)$", Path(dn.plugin.log_path).read_text(), re.M)
     if not said:
         dn.plugin.check_alive()  # exited without a refusal: raises with its log
-    return said[-1] if said else None
+    return f"refused: {said[-1]}" if said else None
 
 
 def template(profile: str) -> str:
