@@ -3,7 +3,8 @@
 For each version (``K8S_VERSIONS="v1.34.4 v1.35.4"`` picks; default :data:`VERSIONS`, the newest
 patch of each minor) the binaries are built into the cache when missing, then the real-node tier's
 scenario test (``tests/node/test_scenarios.py``: a local control plane, two real kubelet +
-containerd nodes, the driver, every scenario of ``e2e/scenarios/``) runs with
+containerd nodes, the driver, every scenario of ``e2e/scenarios/``) and the dynamic-MIG node's
+tests (:data:`NODE_TESTS`, a third real node; rows :data:`NODE_CASES`) run with
 ``DRA_GPU_K8S_VERSION`` set, one version after the other. Each run's JUnit report gives one
 outcome per scenario; the table (version x scenario) ends with ``N passed, N failed``.
 
@@ -41,6 +42,14 @@ from e2e.suite.needs import known_refusal
 VERSIONS = ("v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2")
 ROOT = Path(__file__).resolve().parent.parent
 SUITE_TEST = "tests/node/test_scenarios.py"
+# Run beside the suite: dynamic MIG on a third real node, where the binding differs by version
+# (binding conditions from 1.36; partitionable devices, which it needs, from 1.36 as well).
+NODE_TESTS = "tests/node/test_dynamic_mig_node.py"
+# The table's rows for NODE_TESTS' tests (test name -> row), after the scenarios.
+NODE_CASES: Mapping[str, str] = {
+    "test_made_before_the_pod_binds_where_served_at_prepare_elsewhere": "dynamic-mig-binding",
+    "test_pods_get_created_mig_devices_through_the_kubelet": "dynamic-mig-through-the-kubelet",
+}
 BEGIN = "<!-- matrix:begin -->"
 END = "<!-- matrix:end -->"
 PASSED, FAILED, REFUSED, NOT_RUN = "passed", "FAILED", "refused", "NOT RUN"
@@ -66,6 +75,8 @@ def versions_from(text: str | None) -> tuple[str, ...]:
 
 def _scenario_of(case: ET.Element) -> str:
     name = case.get("name", "")
+    if name in NODE_CASES:
+        return NODE_CASES[name]
     return name[name.index("[") + 1 : -1] if "[" in name and name.endswith("]") else name
 
 
@@ -209,6 +220,7 @@ def run_version(version: str, out: Path) -> dict[str, Outcome]:
         "-m",
         "pytest",
         SUITE_TEST,
+        NODE_TESTS,
         f"--junitxml={junit}",
         "-p",
         "no:cacheprovider",
@@ -254,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     versions = versions_from(os.environ.get("K8S_VERSIONS"))
-    scenarios = [s.name for s in SCENARIOS]
+    scenarios = [*(s.name for s in SCENARIOS), *NODE_CASES.values()]
 
     def outcome(version: str) -> Mapping[str, Outcome]:
         junit = args.out / version / "junit.xml"

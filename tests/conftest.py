@@ -40,6 +40,7 @@ from collection_output import terminal_log  # noqa: E402
 
 from e2e import binaries, procs  # noqa: E402
 from e2e.cluster import Cluster  # noqa: E402
+from e2e.cluster.components import gates_from  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 TIER_MARKERS = {"cluster": "cluster", "node": "node"}  # tests/<dir>/ -> marker
@@ -96,8 +97,9 @@ def short_tmp() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """A running local control plane (etcd, API server, controller-manager, scheduler)."""
-    instance = Cluster()
+    """A running local control plane (etcd, API server, controller-manager, scheduler), with
+    the feature gates of ``DRA_GPU_FEATURE_GATES`` (``A=false,B=true``) where it is set."""
+    instance = Cluster(feature_gates=gates_from(os.environ.get("DRA_GPU_FEATURE_GATES")))
     _harness_workdirs.append(instance.workdir)
     instance.up()
     yield instance

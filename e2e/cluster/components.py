@@ -72,6 +72,20 @@ class Layout:
         return self.workdir / "logs" / f"{component}.log"
 
 
+def gates_from(text: str | None) -> dict[str, bool]:
+    """Feature gates written as the components' flag takes them (``A=false,B=true``), e.g.
+    ``DRA_GPU_FEATURE_GATES``: a run of the harness against gates other than the defaults."""
+    gates: dict[str, bool] = {}
+    for item in (text or "").replace(" ", ",").split(","):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        if not sep or value.lower() not in ("true", "false") or not name:
+            raise ValueError(f"feature gate {item!r} is not of the form Name=true|false")
+        gates[name] = value.lower() == "true"
+    return gates
+
+
 def _gates(layout: Layout) -> list[str]:
     if not layout.feature_gates:
         return []

@@ -48,6 +48,9 @@ KNOWN_GATES: Mapping[str, Gate] = {
     for g in (
         Gate("DRAExtendedResource", (1, 36), "DeviceClass spec.extendedResourceName"),
         Gate("DRAConsumableCapacity", (1, 36), "a request's capacity.requests"),
+        # The dynamic-MIG node's tests (e2e/matrix.py NODE_TESTS): the plugin refuses
+        # --mig-mode=dynamic naming this gate.
+        Gate("DRAPartitionableDevices", (1, 36), "ResourceSlice sharedCounters (dynamic MIG)"),
     )
 }
 _GATE_IN_REASON = re.compile(r"feature gate (\w+)")

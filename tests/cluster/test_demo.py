@@ -121,12 +121,24 @@ def test_bad_input_is_refused_at_admission_and_the_ending_names_the_simulated_no
 
     observed = demo.observe(kube, state, *demo_dynamic_mig.apply(kube))
     (row,) = demo_dynamic_mig.with_created(observed, state, kube)
+    print(demo_view.render_table([row]))  # as make demo prints it
     assert (row.node, row.source) == (demo_env.DYNAMIC_MIG_NODE, "cdi")
     assert row.devices == "gpu-0-mig-3g40gb-9-4", row  # 3g and larger are placed top-down
     assert "MIG 3g.40gb" in row.saw and "created MIG-" in row.saw, row
     # The claim's device status names the created device (issue 42), the one the row shows.
     (created,) = re.findall(r"created (MIG-\S+)", row.saw)
     assert f"claim status.devices: uuid {created}" in row.saw, row
+    # Made before the pod bound (issue 44): the demo's Kubernetes serves binding conditions, the
+    # plugin said so at start, and the row shows the condition True no later than the binding.
+    dynamic = next(n for n in state.nodes if n.name == demo_env.DYNAMIC_MIG_NODE)
+    assert "binding conditions on" in Path(dynamic.plugin_log).read_text()
+    (made_at,) = re.findall(r"gpu\.nvidia\.com/mig-created True at (\S+)", row.saw)
+    (bound_at,) = re.findall(r"pod bound at (\S+) \(PodScheduled True\)", row.saw)
+    assert made_at <= bound_at, row
+    (events,) = [line for line in row.saw.splitlines() if line.startswith("pod events: ")]
+    reasons = [e.split()[0] for e in events.removeprefix("pod events: ").split(", ")]
+    assert reasons.index("BindingConditionsPending") < reasons.index("Scheduled"), row
+    assert row.saw.splitlines()[-1] == "mig-created was True before the pod was bound", row
 
     example = demo_sharing.apply(kube, state)
     observed = demo.observe(kube, state, example.namespace, example.pod)

@@ -11,10 +11,19 @@ Cases, in order on one GPU:
   once it is gone too, ``3g + 2g + 1g + 1g`` pods run on MIG devices that do not overlap;
 - a plugin SIGKILLed between creating a MIG device and completing the checkpoint leaves no
   orphan: restarted, it destroys it, the kubelet's retry creates it again and the pod runs.
+
+First, the binding (issue 44): where the API server serves device binding conditions (1.36 and
+later with the default gates), the claim's ``status.devices`` entry has ``mig-created`` True no
+later than the pod is bound, and the pod's events show ``BindingConditionsPending``; where it
+does not, the plugin said so once at start and the MIG device is created at prepare (no
+condition, the container gets the created device). ``make matrix`` runs this module too: where
+the API server lacks partitionable devices (1.34 and 1.35 with the default gates) the plugin
+refuses ``--mig-mode=dynamic`` naming the feature gate, and the module is refused with its words.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from collections.abc import Iterator
@@ -36,6 +45,10 @@ NODE = "gpu-h100-dyn"
 NAMESPACE = "dynamic-mig"
 WAIT_S = 120.0
 PROFILE = {"gpus": [{"product": "H100-80GB", "mig": {"enabled": True}}]}
+CREATED = "gpu.nvidia.com/mig-created"
+# The start of the line a dynamic-MIG plugin logs where binding conditions are not served
+# (dra_gpu.kube.capabilities.binding_conditions_note).
+NOT_SERVED = "dynamic MIG before binding (device binding conditions) not available"
 
 
 class DynamicNode:
@@ -72,7 +85,9 @@ def dyn(cluster: Cluster, driver: object, kube: Kube) -> Iterator[DynamicNode]:
     dn = DynamicNode(cluster, node)
     try:
         dn.plugin.start()
-        dn.plugin.wait_registered()
+        outcome = wait_for("the plugin registered or refusing", lambda: started(dn), timeout=WAIT_S)
+        if outcome.startswith("refused: "):  # this Kubernetes lacks what dynamic MIG needs
+            pytest.skip(outcome)
         kube.create_namespace(NAMESPACE)
         for profile in ("1g.10gb", "2g.20gb", "3g.40gb"):
             kube.create(NAMESPACE, mig_manifests.claim_template(template(profile), profile))
@@ -82,6 +97,19 @@ def dyn(cluster: Cluster, driver: object, kube: Kube) -> Iterator[DynamicNode]:
         dn.plugin.stop()
         node.down()
         cluster.kubectl("delete", "node", NODE, "--wait=false", check=False)
+
+
+def started(dn: DynamicNode) -> str | None:
+    """``registered`` once the kubelet registered the plugin; ``refused: <why>`` when it would
+    not start, in its own words; None while neither."""
+    if dn.plugin.registrations() > 0:
+        return "registered"
+    if dn.plugin.alive:
+        return None
+    said = re.findall(r"cannot start: (.*)$", Path(dn.plugin.log_path).read_text(), re.M)
+    if not said:
+        dn.plugin.check_alive()  # exited without a refusal: raises with its log
+    return f"refused: {said[-1]}" if said else None
 
 
 def template(profile: str) -> str:
@@ -122,6 +150,54 @@ def status_uuid(kube: Kube, pod: str) -> str | None:
 
 def delete(cluster: Cluster, kube: Kube, *pods: str) -> None:
     cluster.kubectl("delete", "-n", NAMESPACE, "pod", *pods, "--wait=true", "--timeout=120s")
+
+
+def _utc(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_made_before_the_pod_binds_where_served_at_prepare_elsewhere(
+    cluster: Cluster, kube: Kube, dyn: DynamicNode
+) -> None:
+    create(kube, "bind", "1g.10gb")
+    pod = wait_for("bind running", lambda: running(kube, "bind"), timeout=WAIT_S)
+    (claim_name,) = [s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"]]
+    claim = kube.claim(NAMESPACE, claim_name) or {}
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    entries = claim["status"].get("devices") or []
+    made = [
+        c
+        for e in entries
+        if e["device"] == result["device"]
+        for c in e.get("conditions") or []
+        if c["type"] == CREATED
+    ]
+    (scheduled,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+    said = Path(dyn.plugin.log_path).read_text().count(NOT_SERVED)
+    (instance,) = dyn.instances()
+    assert mig_uuid(kube, "bind") == instance["uuid"]
+    if result.get("bindingConditions"):
+        print(f"binding condition: {made}; pod bound at {scheduled['lastTransitionTime']}")
+        assert result["bindingConditions"] == [CREATED], result
+        (condition,) = made
+        assert condition["status"] == "True" and instance["uuid"] in condition["message"]
+        assert _utc(condition["lastTransitionTime"]) <= _utc(scheduled["lastTransitionTime"])
+        reasons = wait_for(
+            "the scheduler's BindingConditionsPending event",
+            lambda: (
+                (r := [e.get("reason") for e in kube.events(NAMESPACE, "bind")])
+                and "BindingConditionsPending" in r
+                and r
+            ),
+            timeout=WAIT_S,
+        )
+        print(f"pod events: {reasons}")
+        assert said == 0
+    else:  # the old path: made at prepare, after the binding, and said once at start
+        print(f"no binding conditions served; plugin said so {said} time(s)")
+        assert made == [] and said == 1
+    delete(cluster, kube, "bind")
+    assert wait_for("the MIG device destroyed", lambda: dyn.instances() == [], timeout=WAIT_S)
 
 
 def test_pods_get_created_mig_devices_through_the_kubelet(

@@ -144,6 +144,18 @@ def test_apiserver_flags(layout: components.Layout) -> None:
     assert f"--service-account-key-file={layout.workdir / 'pki' / 'sa.pub'}" in argv
 
 
+def test_feature_gates_from_the_environment_variable() -> None:
+    assert components.gates_from(
+        "DRADeviceBindingConditions=false, DRAPartitionableDevices=True"
+    ) == {
+        "DRADeviceBindingConditions": False,
+        "DRAPartitionableDevices": True,
+    }
+    assert components.gates_from(None) == {} and components.gates_from("") == {}
+    with pytest.raises(ValueError, match="DRADeviceBindingConditions"):
+        components.gates_from("DRADeviceBindingConditions")
+
+
 def test_extra_args_reach_only_their_component(layout: components.Layout) -> None:
     assert components.scheduler_argv(Path("s"), layout)[-1] == "--v=4"
     assert "--v=4" not in components.controller_manager_argv(Path("c"), layout)

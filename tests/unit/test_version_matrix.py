@@ -131,8 +131,14 @@ def test_docs_are_rewritten_only_from_a_green_run(
     assert doc.read_text() == before
     passed = "".join(f'<testcase name="test_scenario[{n}]"/>' for n in names)
     junit.write_text(f"<testsuites><testsuite>{passed}</testsuite></testsuites>")
+    assert matrix.main(argv) == 1  # the dynamic-MIG node's rows are not in the report
+    assert doc.read_text() == before
+    passed += "".join(f'<testcase name="{t}"/>' for t in matrix.NODE_CASES)
+    junit.write_text(f"<testsuites><testsuite>{passed}</testsuite></testsuites>")
     assert matrix.main(argv) == 0
-    assert f"**{len(names)} passed, 0 failed**" in doc.read_text()
+    rows = len(names) + len(matrix.NODE_CASES)
+    assert f"**{rows} passed, 0 failed**" in doc.read_text()
+    assert "| dynamic-mig-binding | passed |" in doc.read_text()
 
 
 def test_table_counts_every_cell_and_a_missing_scenario_fails() -> None:
@@ -169,3 +175,33 @@ def test_the_report_names_commit_failures_and_build_times(
     assert "- v1.34.4 one-gpu: FAILED: pod x ended (Failed)" in matrix.report(
         red, ["one-gpu"], commit="abc1234", date="2026-12-01 15:00 UTC"
     )
+
+
+DYNAMIC_REFUSAL = (
+    "refused: dynamic MIG (partitionable devices) not available: Kubernetes v1.35.4 drops it "
+    "(feature gate DRAPartitionableDevices is off on this API server); start the plugin with "
+    "--mig-mode=static"
+)
+NODE_JUNIT = f"""<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="2">
+<testcase classname="tests.node.test_dynamic_mig_node"
+  name="test_made_before_the_pod_binds_where_served_at_prepare_elsewhere">
+  <skipped type="pytest.skip" message="{DYNAMIC_REFUSAL}">why</skipped>
+</testcase>
+<testcase classname="tests.node.test_dynamic_mig_node"
+  name="test_pods_get_created_mig_devices_through_the_kubelet" time="80.0"/>
+</testsuite></testsuites>
+"""
+
+
+def test_the_dynamic_mig_node_tests_are_rows_refused_where_the_plugin_refuses() -> None:
+    """The plugin's own refusal of --mig-mode=dynamic (1.34, 1.35: partitionable devices off)
+    is a known refusal there, and a cell that ran nothing on 1.36+."""
+    outcomes = matrix.parse_junit(NODE_JUNIT, "v1.35.4")
+    binding = outcomes["dynamic-mig-binding"]
+    assert binding.status == REFUSED and "DRAPartitionableDevices" in binding.detail
+    assert outcomes["dynamic-mig-through-the-kubelet"] == Outcome(PASSED)
+    assert matrix.parse_junit(NODE_JUNIT, "v1.36.3")["dynamic-mig-binding"].status == NOT_RUN
+    rows = list(matrix.NODE_CASES.values())
+    assert rows == ["dynamic-mig-binding", "dynamic-mig-through-the-kubelet"]
+    assert not set(rows) & {s.name for s in SCENARIOS}
