@@ -248,11 +248,13 @@ def check_labels(
     devices: dict[str, dict[str, Any]],
     *,
     before: dict[str, str],
+    wanted: gfd_labels.Wanted,
     args: argparse.Namespace,
 ) -> None:
-    """GPU Feature Discovery's labels the plugin wrote on the Node (``e2e.gpu.gfd_labels``)."""
+    """GPU Feature Discovery's labels the plugin wrote on the Node (``e2e.gpu.gfd_labels``):
+    ``before``, the Node's labels before the plugin started; ``wanted``, what the driver
+    computes from the devices discovered."""
     seen = gfd_labels.observe(kube, node.name, before=before, timeout=args.wait)
-    wanted = gfd_labels.discover(args.driver_root)
     uuids = {name: str(attrs.get("uuid", "")) for name, attrs in devices.items()}
     for what, ok, detail in gfd_labels.judge(seen, wanted, uuids):
         report.check(what, ok, detail)
@@ -310,7 +312,8 @@ def run(
     report = Report()
     devices = published_devices(kube, node.name)
     report.check("devices published from NVML", bool(devices), ", ".join(sorted(devices)))
-    check_labels(report, kube, node, devices, before=labels_before, args=args)
+    wanted = gfd_labels.discover(args.driver_root)
+    check_labels(report, kube, node, devices, before=labels_before, wanted=wanted, args=args)
     kube.create_namespace(NAMESPACE)
     check_validate(report, kube, node, plugin, devices, kubeconfig=kubeconfig, args=args)
     kube.create(NAMESPACE, template("one-gpu"))
