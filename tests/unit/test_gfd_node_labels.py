@@ -2,12 +2,13 @@
 ``make demo`` prints for its nodes and what the GPU demo checks on the real GPU's Node.
 
 Cases: a simulated H200 node labelled from its own devices shows NVIDIA-H200, 8, 143771 in the
-``kubectl get nodes -L`` table, "equal" to its slices (other nodes' slices are not counted); a
-count that differs from the slices is shown as such; the Node's ``nvidia.com/`` labels against
-the computed ones name each missing, extra and other value and ignore labels outside
-``nvidia.com/``; a label added outside ``nvidia.com/`` is named; the GPU demo's three label checks
-pass for a Node labelled from its published devices and fail, naming why, for a stale MIG label,
-a label outside ``nvidia.com/``, devices other than the published ones, or a Node never labelled.
+``kubectl get nodes -L`` table, "equal" to its slices (other nodes' slices are not counted), the
+table under its title as ``make demo`` prints it; a count that differs from the slices is shown
+as such; the Node's ``nvidia.com/`` labels against the computed ones name each missing, extra and
+other value and ignore labels outside ``nvidia.com/``; a label added outside ``nvidia.com/`` is
+named; the GPU demo's three label checks pass for a Node labelled from its published devices and
+fail, naming why, for a stale MIG label, a label outside ``nvidia.com/``, devices other than the
+published ones, or a Node never labelled.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def test_a_node_labelled_from_its_devices_equals_its_slices_in_the_table() -> No
     )
     assert lines[1].split() == ["NAME", "GPU.PRODUCT", "GPU.COUNT", "GPU.MEMORY", "FROM", "SLICES"]
     assert lines[2].split() == ["n1", "NVIDIA-H200", "8", "143771", "equal"]
+    text = node_labels.section([row]).splitlines()  # what make demo prints
+    assert text[0].startswith("Node labels (GPU Feature Discovery's names")
+    assert text[1:] == ["  " + line for line in lines]
 
 
 def test_a_count_other_than_the_slices_differs() -> None:
