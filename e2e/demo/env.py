@@ -55,6 +55,7 @@ from e2e.driver import (
     register_webhook,
     wait_published,
 )
+from e2e.suite import node_labels
 from e2e.suite.kube import Kube
 
 if TYPE_CHECKING:
@@ -86,8 +87,8 @@ NODE_PROFILES = {
     SHARES_NODE: "h200x8",
 }
 # Every plugin writes GPU Feature Discovery's labels on its node, as the chart's default does
-# (docs/user/node-pools.md; e2e.demo.node_labels shows them).
-NODE_LABEL_FLAGS = ("--node-labels", "true")
+# (docs/user/node-pools.md; e2e.suite.node_labels reads them, e2e.demo.node_labels uses them).
+NODE_LABEL_FLAGS = node_labels.FLAGS
 NODE_FLAGS = {
     SHARING_NODE: SHARING_FLAGS,
     DYNAMIC_MIG_NODE: DYNAMIC_MIG_FLAGS,

@@ -56,6 +56,7 @@ from e2e.demo import sharing as demo_sharing
 from e2e.demo import telemetry as demo_telemetry
 from e2e.demo import view as demo_view
 from e2e.demo.env import DemoState, NodeInfo
+from e2e.suite import node_labels
 from e2e.suite.kube import Kube, WaitTimeout, load_manifests, wait_for
 from e2e.suite.views import LogIncomplete, extended_requests, parse_report
 
@@ -380,9 +381,9 @@ def cmd_run(_: argparse.Namespace) -> int:
     shared = observe(kube, state, example.namespace, example.pod)
     rows += demo_sharing.applied_and_reset(shared, kube, state, example)
     _err("[demo] applying the node-label example (a node chosen by nvidia.com/gpu.product)")
-    table = demo_node_labels.wait_labelled(kube, [n.name for n in state.nodes])
+    table = node_labels.wait_labelled(kube, [n.name for n in state.nodes])
     rows += observe(kube, state, *demo_node_labels.apply(kube))
-    labels = demo_node_labels.section(table)
+    labels = node_labels.section(table)
     _err("[demo] applying the shares example (two claims of 40Gi and 20Gi on one GPU)")
     for entry in demo_shares.apply(kube):
         rows += observe(kube, state, *entry)

@@ -2,24 +2,34 @@
 
 On a machine with an NVIDIA GPU and its driver: a local control plane (real scheduler and
 controller-manager), one real node (containerd with CDI + runc + kubelet), the kubelet plugin on
-the NVML backend and the controller. Then, in namespace ``gpu-demo``:
+the NVML backend (writing GPU Feature Discovery's labels on its Node, ``--node-labels true``, and
+serving ``/readyz``) and the controller. Then, in namespace ``gpu-demo``:
 
-1. ``cuda-one`` asks for one ``gpu.nvidia.com`` device through a ResourceClaimTemplate, and
+1. Once the devices are published, the Node's labels (``e2e.gpu.gfd_labels``; every
+   ``nvidia.com/`` label printed): ``gpu.product``, ``gpu.count`` and ``gpu.memory`` equal what
+   the ResourceSlices say, every ``nvidia.com/`` label is what ``dra_gpu.devices.node_labels``
+   computes from the published devices, and the plugin added no label outside ``nvidia.com/``.
+2. ``dra-gpu validate --node gpu-node`` (``e2e.gpu.validate_node``; its output printed): it exits
+   0 with PASS for node, plugin, slices, pod and cdi, its check pod's ``nvidia-smi -L`` names the
+   allocated GPU's UUID, the Node gets ``gpu.nvidia.com/validated``; its pods and claim are gone
+   before the next step.
+3. ``cuda-one`` asks for one ``gpu.nvidia.com`` device through a ResourceClaimTemplate, and
    ``cuda-none`` asks for nothing. Each runs ``gpucheck`` (the CUDA driver API: device count,
    name, UUID, memory) and ``nvidia-smi -L`` from the driver root, which reaches the container only
    through the claim's CDI spec. Checks: ``cuda-one`` sees exactly one device whose UUID is the
    allocated device's ``uuid`` attribute in the ResourceSlice, and ``nvidia-smi -L`` lists that
    GPU alone; ``cuda-none`` sees no CUDA device.
-2. Both pods are deleted: the generated claim is gone and its CDI spec removed.
-3. ``shared-a`` and ``shared-b`` use one ResourceClaim: both see the same GPU.
-4. Prepare latency on NVML: the harness acts as the kubelet on the shared claim's socket,
+4. Both pods are deleted: the generated claim is gone and its CDI spec removed.
+5. ``shared-a`` and ``shared-b`` use one ResourceClaim: both see the same GPU.
+6. Prepare latency on NVML: the harness acts as the kubelet on the shared claim's socket,
    ``--prepares`` unprepare + prepare cycles (the running pods keep their devices: a container's
    devices are fixed when it starts), ending prepared as the kubelet left it.
-5. Everything is deleted: no CDI spec and no checkpoint record remain.
+7. Everything is deleted: no CDI spec and no checkpoint record remain.
 
-It prints a table of what each container saw and the figures, writes them as JSON (``--out``),
-and exits 0 only if every check held. Nothing here changes a GPU setting: it only reads NVML,
-bind-mounts device nodes and runs CUDA's read-only queries.
+It prints a table of what each container saw, the figures and its sections (the node labels,
+validate's output, telemetry, shares), writes them as JSON (``--out``), and exits 0 only if
+every check held. Nothing here changes a GPU setting: it only reads NVML, bind-mounts device
+nodes and runs CUDA's read-only queries.
 
 Budgets (``--wait``) start after the step they wait for has started, never before a build.
 """
@@ -38,15 +48,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import dra_gpu
 from dra_gpu import DRIVER_NAME
 from dra_gpu.controller.classes import GPU_CLASS
 from e2e.cluster import Cluster
 from e2e.driver import Driver, PluginProcess, controller_process
-from e2e.gpu import claim_facts, image, share_pods, telemetry_pods
+from e2e.gpu import claim_facts, gfd_labels, image, share_pods, telemetry_pods, validate_node
 from e2e.images import node_images as images
 from e2e.kubelet_calls import prepare_cycles
 from e2e.node.kubelet_node import Node
 from e2e.procs import free_ports
+from e2e.suite import node_labels as gfd_node_labels
 from e2e.suite.kube import RESOURCE, Kube, wait_for
 
 NAMESPACE = "gpu-demo"
@@ -229,11 +241,81 @@ def nvml_present() -> str | None:
     return None if count else "NVML sees no GPU"
 
 
-def run(kube: Kube, node: Node, plugin: PluginProcess, args: argparse.Namespace) -> Report:
+def check_labels(
+    report: Report,
+    kube: Kube,
+    node: Node,
+    devices: dict[str, dict[str, Any]],
+    *,
+    before: dict[str, str],
+    wanted: gfd_labels.Wanted,
+    args: argparse.Namespace,
+) -> None:
+    """GPU Feature Discovery's labels the plugin wrote on the Node (``e2e.gpu.gfd_labels``):
+    ``before``, the Node's labels before the plugin started; ``wanted``, what the driver
+    computes from the devices discovered."""
+    seen = gfd_labels.observe(kube, node.name, before=before, timeout=args.wait)
+    uuids = {name: str(attrs.get("uuid", "")) for name, attrs in devices.items()}
+    for what, ok, detail in gfd_labels.judge(seen, wanted, uuids):
+        report.check(what, ok, detail)
+    report.sections[f"GFD node labels of {node.name} (the plugin, --node-labels true)"] = (
+        gfd_labels.lines(seen)
+    )
+
+
+def check_validate(
+    report: Report,
+    kube: Kube,
+    node: Node,
+    plugin: PluginProcess,
+    devices: dict[str, dict[str, Any]],
+    *,
+    kubeconfig: Path,
+    args: argparse.Namespace,
+) -> None:
+    """``dra-gpu validate --node`` against the real GPU (``e2e.gpu.validate_node``); returns once
+    its pods and claim are gone."""
+    command = validate_node.argv(
+        node=node.name,
+        kubeconfig=kubeconfig,
+        namespace=NAMESPACE,
+        readyz_url=f"http://127.0.0.1:{plugin.healthz_port}/readyz",
+        image=image.CHECK_IMAGE,
+        cdi_root=node.cdi_root,
+        timeout_s=args.wait,
+    )
+    # Each of its waits is bounded by --timeout; a pod and up to three CDI pods, each deleted.
+    ran = validate_node.run(command, timeout_s=8 * args.wait + 60)
+    report.sections[f"dra-gpu validate --node {node.name}"] = validate_node.lines(ran)
+    uuids = {name: str(attrs.get("uuid", "")) for name, attrs in devices.items()}
+    for what, ok, detail in validate_node.judge(ran, uuids):
+        report.check(what, ok, detail)
+    labels = gfd_node_labels.node_labels_of(kube, node.name)
+    report.check(*validate_node.judge_recorded(labels, dra_gpu.__version__))
+    wait_gone(
+        "validate's pods and claim to be deleted",
+        lambda: bool(validate_node.leftovers(kube, NAMESPACE)),
+        timeout=args.wait,
+    )
+
+
+def run(
+    kube: Kube,
+    node: Node,
+    plugin: PluginProcess,
+    args: argparse.Namespace,
+    *,
+    kubeconfig: Path,
+    labels_before: dict[str, str],
+) -> Report:
+    """The steps; ``labels_before``: the Node's labels before the plugin started."""
     report = Report()
     devices = published_devices(kube, node.name)
     report.check("devices published from NVML", bool(devices), ", ".join(sorted(devices)))
+    wanted = gfd_labels.discover(args.driver_root)
+    check_labels(report, kube, node, devices, before=labels_before, wanted=wanted, args=args)
     kube.create_namespace(NAMESPACE)
+    check_validate(report, kube, node, plugin, devices, kubeconfig=kubeconfig, args=args)
     kube.create(NAMESPACE, template("one-gpu"))
     kube.create(NAMESPACE, check_pod("cuda-one", claim={"resourceClaimTemplateName": "one-gpu"}))
     kube.create(NAMESPACE, check_pod("cuda-none", claim=None))
@@ -375,12 +457,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--slack", type=int, default=2048, help="MiB below its share a share's client may stop at"
     )
     args = parser.parse_args(argv)
-    args.metrics_port = free_ports(1)[0]
+    args.metrics_port, healthz_port = free_ports(2)
     why = nvml_present()
     if why is not None:
         print(f"[gpu-demo] cannot run: {why}", file=sys.stderr)
         return 2
-    driver_root = args.driver_root or detect_driver_root()
+    args.driver_root = driver_root = args.driver_root or detect_driver_root()
     workdir = Path(tempfile.mkdtemp(prefix="dra-gpu-demo-"))
     check_archive = image.ensure_check_image(images.cache_dir())
     with Cluster(workdir=workdir / "cluster") as cluster:
@@ -396,19 +478,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                 *("--telemetry-interval", f"{TELEMETRY_INTERVAL_S:g}s"),
                 *("--idle-after", f"{IDLE_AFTER_S:g}s"),
             )
+            # /readyz for validate's --plugin-readyz; GFD's labels on the Node, as the chart's
+            # default does (docs/user/node-pools.md).
             plugin = PluginProcess.for_node(
                 node,
                 kubeconfig=cluster.kubeconfig,
                 profile=None,
-                extra=("--driver-root", str(driver_root), *telemetry_flags),
+                healthz_port=healthz_port,
+                extra=(
+                    *("--driver-root", str(driver_root), *telemetry_flags),
+                    *gfd_node_labels.FLAGS,
+                ),
             )
+            labels_before = gfd_node_labels.node_labels_of(kube, node.name)
             controller.start()
             plugin.start()
             try:
                 started = time.monotonic()
                 Driver(controller, {node.name: plugin}).wait_ready(kube, timeout=args.wait)
                 published_s = time.monotonic() - started
-                report = run(kube, node, plugin, args)
+                report = run(
+                    kube,
+                    node,
+                    plugin,
+                    args,
+                    kubeconfig=cluster.kubeconfig,
+                    labels_before=labels_before,
+                )
                 report.figures["plugin_start_to_published_s"] = published_s
                 # The same node's plugin again, publishing consumable shares enforced by MPS.
                 plugin.stop()

@@ -42,6 +42,7 @@ from e2e.demo import shares as demo_shares
 from e2e.demo import sharing as demo_sharing
 from e2e.demo import telemetry as demo_telemetry
 from e2e.demo import view as demo_view
+from e2e.suite import node_labels
 from e2e.suite.kube import Kube
 
 
@@ -217,12 +218,12 @@ def test_node_labels_equal_the_slices_and_a_pod_selects_its_node_by_them(
 ) -> None:
     state = environment.state()
     kube = Kube.from_kubeconfig(state.kubeconfig)
-    table = demo_node_labels.wait_labelled(kube, [n.name for n in state.nodes])
+    table = node_labels.wait_labelled(kube, [n.name for n in state.nodes])
     labelled = {r.node: r.labels for r in table}
     assert labelled["demo-h200"] == ("NVIDIA-H200", "8", "143771")
     assert labelled["demo-a100"] == ("NVIDIA-A100-SXM4-40GB", "4", "40960")
     assert labelled["demo-h100-dyn"][:2] == ("NVIDIA-H100-80GB-HBM3", "8")
-    text = demo_node_labels.section(table).splitlines()
+    text = node_labels.section(table).splitlines()
     assert text[1] == (
         "  kubectl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count,nvidia.com/gpu.memory"
     )
