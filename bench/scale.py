@@ -936,14 +936,16 @@ def table(figs: Sequence[Figures], nodes: int) -> list[str]:
 def closing_lines(figs: Sequence[Figures], layouts: Sequence[sl.Layout]) -> list[str]:
     """A line per layout, ``LAYOUT: N pods in S s, R pods/s``; with several rounds, the median
     round's, with every round's pods/s after it, and before them each layout against
-    ``minimal`` (the ratio of the medians)."""
+    ``minimal``: the ratio of the medians, then the ratio in each round."""
     picked: dict[str, Figures] = {}
     each: dict[str, list[float]] = {}
+    by_round: dict[str, dict[int, float]] = {}
     for layout in layouts:
         mine = [f for f in figs if f.layout.name == layout.name]
         if not mine:
             continue
         values = {f.run.round: f.workload.pods_per_s if f.workload else math.nan for f in mine}
+        by_round[layout.name] = values
         each[layout.name] = [values[r] for r in sorted(values)]
         try:
             pick = sl.median_run(values)
@@ -958,6 +960,10 @@ def closing_lines(figs: Sequence[Figures], layouts: Sequence[sl.Layout]) -> list
             if name != "minimal" and f.workload is not None:
                 ratio = f.workload.pods_per_s / control.workload.pods_per_s
                 lines.append(f"{name} / minimal: {ratio:.2f} (pods/s, medians)")
+                rounds = sl.round_ratios(by_round[name], by_round["minimal"])
+                lines.append(
+                    f"{name} / minimal by round: {', '.join(_f(v, 2) for v in rounds.values())}"
+                )
     for name, f in picked.items():
         w = f.workload
         if w is None:

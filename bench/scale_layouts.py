@@ -330,3 +330,12 @@ def median_run(values: Mapping[int, float]) -> int:
     if not known:
         raise ValueError("no round has a figure")
     return known[(len(known) - 1) // 2][1]
+
+
+def round_ratios(values: Mapping[int, float], control: Mapping[int, float]) -> dict[int, float]:
+    """A layout's pods/s against the control layout's, round by round (both measured in the same
+    round, a few minutes apart); a round where either has no figure (absent or NaN) is NaN."""
+    return {
+        r: v / control[r] if r in control and control[r] > 0 else math.nan
+        for r, v in sorted(values.items())
+    }

@@ -12,11 +12,13 @@ Cases:
 - unknown layouts are refused by name;
 - request counters: deltas per key, scaled per node per minute;
 - ``--repeat``: rounds alternate their order, each run has its own namespace, and a layout's
-  figure is its median round's (a round without a figure does not count).
+  figure is its median round's (a round without a figure does not count), and its ratio to
+  the control is given round by round.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -156,3 +158,10 @@ def test_a_layout_is_shown_by_its_median_round() -> None:
     assert sl.median_run({1: float("nan"), 2: 9.0, 3: 12.0}) == 2
     with pytest.raises(ValueError):
         sl.median_run({1: float("nan")})
+
+
+def test_a_layout_is_compared_with_the_control_round_by_round() -> None:
+    ratios = sl.round_ratios({2: 9.0, 1: 12.0, 3: 10.0}, {1: 15.0, 2: 9.0})
+    assert list(ratios) == [1, 2, 3]
+    assert ratios[1] == pytest.approx(0.8) and ratios[2] == pytest.approx(1.0)
+    assert math.isnan(ratios[3])  # the control has no figure in round 3

@@ -1,6 +1,7 @@
 """bench/scale.py's table and exit status: a layout that stopped prints ``not measured: <why>``
 for each figure it did not reach, never a zero as if measured, and fails the run unless
-``--allow-partial``.
+``--allow-partial``. With ``--repeat``, each layout against ``minimal``: the medians' ratio and
+every round's.
 """
 
 from __future__ import annotations
@@ -71,6 +72,37 @@ def test_closing_lines_say_not_measured_for_a_stopped_layout() -> None:
         "static: 100 pods in 2.0 s, 50.0 pods/s",
         f"dynamic-mig: not measured: {WHY}",
     ]
+
+
+def measured(layout: str, round_: int, pods_per_s: float) -> scale.Figures:
+    fig = scale.Figures(sl.Run(sl.LAYOUTS[layout], round_))
+    seconds = 1000 / pods_per_s
+    fig.workload = scale.Workload(1000, 1000, seconds, pods_per_s, 0, 0, 0, 0, 0, 0)
+    return fig
+
+
+def test_repeated_rounds_end_with_each_rounds_ratio_to_minimal() -> None:
+    figs = [
+        measured("static", 1, 14.7),
+        measured("minimal", 1, 18.4),
+        measured("minimal", 2, 13.1),
+        measured("static", 2, 12.9),
+        stopped_while_publishing_static(3),
+        measured("minimal", 3, 20.3),
+    ]
+    lines = scale.closing_lines(figs, [sl.LAYOUTS["static"], sl.LAYOUTS["minimal"]])
+    # Median of static's two measured rounds is the lower, 12.9; minimal's is 18.4.
+    assert lines[:2] == [
+        "static / minimal: 0.70 (pods/s, medians)",
+        "static / minimal by round: 0.80, 0.98, -",
+    ]
+    assert lines[2].startswith("static: 1000 pods in 77.5 s, 12.9 pods/s (median of rounds: ")
+
+
+def stopped_while_publishing_static(round_: int) -> scale.Figures:
+    fig = scale.Figures(sl.Run(sl.LAYOUTS["static"], round_))
+    fig.stopped = WHY
+    return fig
 
 
 def test_a_stopped_layout_fails_the_run_unless_partial_is_allowed() -> None:
