@@ -20,6 +20,9 @@ again). The node's plugin, seeing the allocation, creates the MIG devices and re
 
 :func:`step` decides which, from the claim as read, the ledger's devices for it and whether it
 is prepared (then prepare and unprepare own its devices, as without binding conditions).
+After :class:`Wait` and :class:`Prepared` nothing is left to do until the scheduler acts
+(binds the pod, or deallocates the claim and clears the pod's nomination), which the binder
+learns from the pod (``plugin.mig_binding``).
 """
 
 from __future__ import annotations
@@ -101,7 +104,13 @@ def wanted(
 
 @dataclass(frozen=True)
 class Forget:
-    """Nothing of the claim is held here, or prepare owns it: stop looking at it."""
+    """Nothing of the claim is held here and nothing of this node waits for it (not allocated
+    yet, allocated elsewhere or without the condition, or gone)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The claim is prepared here: prepare and unprepare own its devices, nothing to do."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,7 @@ class Make:
     wanted: Wanted
 
 
-Step = Forget | Wait | Release | Make
+Step = Forget | Prepared | Wait | Release | Make
 
 
 def step(
@@ -145,7 +154,7 @@ def step(
     ``prepared``: the claim is prepared here (prepare and unprepare own its devices).
     """
     if prepared:
-        return Forget()
+        return Prepared()
     want = (
         None
         if claim is None

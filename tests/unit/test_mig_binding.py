@@ -21,7 +21,11 @@ Cases:
 - ``binding.step`` on its own: a claim allocated two devices here, one made, gets the other made;
   one that now has another device releases the first; a prepared claim is prepare's;
 - the pods nominated to the node: their claims (named, or made from templates) are looked at
-  until the pod is bound or gone.
+  until the pod is bound or gone;
+- a claim reported (or prepared) is not read again while its pod stays nominated here and
+  unchanged (the API server's cost per pod); an event of its pod (nominated elsewhere after a
+  deallocation, deleted) or ``SETTLED_S`` brings it back, and a deallocation then destroys the
+  device.
 """
 
 from __future__ import annotations
@@ -244,7 +248,7 @@ def test_the_mig_device_is_made_and_reported_before_the_pod_binds(tmp_path: Path
     spec = next((tmp_path / "cdi").glob("*.json")).read_text()
     assert made.uuid in spec
     step = node.binder.look("default", "claim-u1", [])
-    assert isinstance(step, binding.Forget)  # prepared: prepare and unprepare own it
+    assert isinstance(step, binding.Prepared)  # prepare and unprepare own it
     assert node.state.unprepare([ref("u1")]) == {"u1": ""}
     assert node.node.instances() == []
 
@@ -433,6 +437,59 @@ def test_step_decides_from_the_claim_the_ledger_and_the_checkpoint() -> None:
     )
     assert isinstance(moved, binding.Release) and moved.uid == "u1"
     owned = binding.step(as_claim(two), uid="u1", held=[DEVICE], prepared=True, **args)
-    assert isinstance(owned, binding.Forget)
+    assert isinstance(owned, binding.Prepared)
     fresh = binding.step(as_claim(allocated("u1")), uid=None, held=[], prepared=False, **args)
     assert isinstance(fresh, binding.Make)
+
+
+def pod(uid: str, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": f"pod-{uid}", "namespace": "default"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": f"claim-{uid}"}]},
+        "status": {"nominatedNodeName": NODE, **status},
+    }
+
+
+def test_a_reported_claim_is_not_read_while_its_pod_waits(tmp_path: Path) -> None:
+    node = Binding(tmp_path)
+    node.allocate("u1")
+    node.binder.pod_event("ADDED", pod("u1"))
+    node.binder.pass_once()
+    assert conditions(node.api, "u1") == {READY: "True"} and node.api.gets == 1
+    for _ in range(5):  # the scheduler reads the condition every 5 s; the pod is unchanged
+        node.binder.pass_once()
+    assert node.api.gets == 1
+    node.now += mig_binding.SETTLED_S + 1  # in case an event was missed: read again
+    node.binder.pass_once()
+    assert node.api.gets == 2
+    node.binder.pass_once()
+    assert node.api.gets == 2
+
+
+@pytest.mark.parametrize("event", ["DELETED", "MODIFIED"])
+def test_a_deallocation_shown_by_the_pod_destroys_the_device(tmp_path: Path, event: str) -> None:
+    node = Binding(tmp_path)
+    node.allocate("u1")
+    node.binder.pod_event("ADDED", pod("u1"))
+    node.binder.pass_once()
+    assert len(node.node.instances()) == 1
+    # The scheduler gave up (its binding timeout, another claim's failure): it deallocated the
+    # claim and cleared the pod's nomination (the watch sends DELETED: the pod left the
+    # selector), or wrote the pod's status (MODIFIED, nominated here again).
+    node.api.claims[("default", "claim-u1")]["status"] = {}
+    failed = {"type": "PodScheduled", "status": "False", "reason": "SchedulerError"}
+    node.binder.pod_event(event, pod("u1", conditions=[failed]))
+    node.binder.pass_once()
+    assert node.node.instances() == [] and node.mig.ledger.load() == []
+
+
+def test_a_list_reads_every_claim_again(tmp_path: Path) -> None:
+    node = Binding(tmp_path)
+    node.allocate("u1")
+    node.nominate("u1")
+    node.binder.pass_once()
+    node.binder.pass_once()
+    assert node.api.gets == 1
+    node.nominate("u1")  # the watch expired and the pods were listed again
+    node.binder.pass_once()
+    assert node.api.gets == 2
