@@ -20,7 +20,8 @@ again). The node's plugin, seeing the allocation, creates the MIG devices and re
 
 :func:`step` decides which, from the claim as read, the ledger's devices for it and whether it
 is prepared (then prepare and unprepare own its devices, as without binding conditions).
-After :class:`Wait` and :class:`Prepared` nothing is left to do until the scheduler acts
+After :class:`Wait`, :class:`Prepared` and :class:`Forget` of an allocated claim nothing is
+left to do until the scheduler acts
 (binds the pod, or deallocates the claim and clears the pod's nomination), which the binder
 learns from the pod (``plugin.mig_binding``).
 """
@@ -107,6 +108,9 @@ class Forget:
     """Nothing of the claim is held here and nothing of this node waits for it (not allocated
     yet, allocated elsewhere or without the condition, or gone)."""
 
+    # Allocated (elsewhere, or without the condition): only a deallocation changes that.
+    allocated: bool = False
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -170,7 +174,8 @@ def step(
         if set(held) - set(want.devices):
             return Release(uid, "the claim is allocated other devices now")
     if want is None or not same:
-        return Forget()
+        allocated = claim is not None and bool((claim.get("status") or {}).get("allocation"))
+        return Forget(allocated=allocated)
     if want.failed:
         return Wait()  # the scheduler deallocates it; nothing of it is held
     if set(want.devices) <= set(held) and set(want.devices) <= want.reported:

@@ -18,13 +18,14 @@ devices for that are not prepared yet (until prepared or deallocated). A node wi
 nominated to it and nothing made ahead sends nothing but its one watch.
 
 **Settled claims are not read again.** Once a claim's condition is reported (or it is
-prepared), nothing is left to do until the scheduler acts: it binds the pod (up to 5 s later:
-it reads the conditions every 5 s), or it deallocates the claim and clears the pod's
-nomination (a failure, its binding timeout). Both change the pod, and the watch sees it; so a
-settled claim of a pod still nominated here and unchanged is not read (``_settled``, the
-binder thread's), except once every ``SETTLED_S`` in case an event was missed. Any event of
-its pod (or a new list) brings it back to a GET a second. Reading it until the pod bound cost
-about 17 GETs per pod at 100 nodes (docs/development/scale.md).
+prepared, or allocated without waiting for this node), nothing is left to do until the
+scheduler acts: it binds the pod (up to 5 s later: it reads the conditions every 5 s), or it
+deallocates the claim and clears the pod's nomination (a failure, its binding timeout). Both
+change the pod, and the watch sees it; so a settled claim of a pod still nominated here and
+unchanged is not read (``_settled``, the binder thread's), except once every ``SETTLED_S`` in
+case an event was missed. Any event of its pod (or a new list) brings it back to a GET a
+second. Reading it until the pod bound cost about 17 GETs per pod at 100 nodes, where the
+scheduler nominated many pods to one node and each woke a pass (docs/development/scale.md).
 
 **Writing the conditions.** A server-side apply of the claim's ``status`` with the field manager
 ``<driver>/mig-binding``, carrying only this node's entries of the claim's dynamic MIG devices
@@ -262,9 +263,13 @@ class MigBinder:
             held = [e for e in ahead if (e.namespace, e.name) == (namespace, name)]
             try:
                 todo = self.look(namespace, name, held)
-                if isinstance(todo, binding.Make | binding.Wait | binding.Prepared):
-                    # Reported (the write above did not fail), or prepare's: the scheduler
-                    # acts next, and the pod shows it.
+                if isinstance(todo, binding.Make | binding.Wait | binding.Prepared) or (
+                    isinstance(todo, binding.Forget) and todo.allocated
+                ):
+                    # Reported (the write above did not fail), prepare's, or allocated without
+                    # waiting for this node: the scheduler acts next, and the pod shows it. A
+                    # claim not allocated yet is read again: its allocation does not show on
+                    # the pod.
                     self._settled[(namespace, name)] = now + SETTLED_S
             except errors.ApiError as err:
                 log.info("dynamic MIG binding of claim %s/%s: %s; again soon", namespace, name, err)

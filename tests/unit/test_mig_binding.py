@@ -22,8 +22,9 @@ Cases:
   one that now has another device releases the first; a prepared claim is prepare's;
 - the pods nominated to the node: their claims (named, or made from templates) are looked at
   until the pod is bound or gone;
-- a claim reported (or prepared) is not read again while its pod stays nominated here and
-  unchanged (the API server's cost per pod); an event of its pod (nominated elsewhere after a
+- a claim reported (or prepared, or allocated without waiting for this node) is not read again
+  while its pod stays nominated here and unchanged (the API server's cost per pod), one not
+  allocated yet is read every pass; an event of its pod (nominated elsewhere after a
   deallocation, deleted) or ``SETTLED_S`` brings it back, and a deallocation then destroys the
   device.
 """
@@ -413,9 +414,15 @@ def test_claims_not_waiting_for_this_node_are_left_alone(tmp_path: Path) -> None
     no_condition = claim("u2", [result(DEVICE, pool=NODE)])  # allocated at prepare, as before
     node.api.add(elsewhere)
     node.api.add(no_condition)
-    node.nominate("u1", "u2", "u3")  # u3: not allocated yet (read again next pass)
+    node.nominate("u1", "u2", "u3")  # u3: not allocated yet
     assert node.binder.pass_once()
     assert node.node.instances() == [] and node.api.applies == []
+    assert node.api.gets == 3
+    node.binder.pass_once()  # only u3 is read again: its allocation does not show on the pod
+    assert node.api.gets == 4
+    node.allocate("u3")
+    node.binder.pass_once()
+    assert len(node.node.instances()) == 1 and conditions(node.api, "u3") == {READY: "True"}
 
 
 def test_step_decides_from_the_claim_the_ledger_and_the_checkpoint() -> None:
