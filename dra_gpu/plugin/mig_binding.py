@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -66,6 +67,7 @@ from dra_gpu.kube.objects import ResourceClaim, claim_path
 from dra_gpu.kubeletplugin.claim_status import apply_body
 from dra_gpu.kubeletplugin.driver import ClaimRef
 from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.kubeletplugin.publisher import backoff_delay
 from dra_gpu.mig import binding
 from dra_gpu.mig.dynamic import DynamicMig, Owned
 from dra_gpu.mig.instances import InstanceError
@@ -112,7 +114,9 @@ class MigBinder:
         poll_s: float = POLL_S,
         on_refused: Callable[[Mapping[str, list[dict[str, str]]]], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        draw: Callable[[], float] = random.random,
     ) -> None:
+        """``draw``: the random source of the watch's retry pauses (uniform in 0..1)."""
         self._client, self._driver, self._node = client, driver, node
         self._mig, self._inventory, self._claims = mig, inventory, claims
         self._clock, self._poll_s = clock, poll_s
@@ -132,7 +136,7 @@ class MigBinder:
         # The binder thread's only: settled claim (namespace, name) -> when to read it anyway.
         self._settled: dict[tuple[str, str], float] = {}
         self._dirty = False
-        self._on_refused, self._monotonic = on_refused, monotonic
+        self._on_refused, self._monotonic, self._draw = on_refused, monotonic, draw
 
     # --- threads ---------------------------------------------------------------------------
 
@@ -177,9 +181,12 @@ class MigBinder:
                 version = None  # expired: list again
             except errors.ApiError as err:
                 failures += 1
-                delay = min(0.5 * 2**failures, MAX_WATCH_BACKOFF_S)
+                # At random below a doubling ceiling: the binders of a fleet fail together when
+                # the API server is overloaded, and retrying in step kept it so (1,000 nodes,
+                # docs/development/scale.md).
+                delay = backoff_delay(failures, self._draw(), max_s=MAX_WATCH_BACKOFF_S)
                 log.warning(
-                    "watching the pods nominated to %s: %s; again in %.0f s", self._node, err, delay
+                    "watching the pods nominated to %s: %s; again in %.1f s", self._node, err, delay
                 )
                 version = None
                 stop.wait(delay)

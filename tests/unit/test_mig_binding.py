@@ -26,12 +26,15 @@ Cases:
   while its pod stays nominated here and unchanged (the API server's cost per pod), one not
   allocated yet is read every pass; an event of its pod (nominated elsewhere after a
   deallocation, deleted) or ``SETTLED_S`` brings it back, and a deallocation then destroys the
-  device.
+  device;
+- the pod watch's retries after failures are drawn at random below a doubling ceiling, so that
+  the binders of a fleet failing together do not retry in step.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -500,3 +503,52 @@ def test_a_list_reads_every_claim_again(tmp_path: Path) -> None:
     node.nominate("u1")  # the watch expired and the pods were listed again
     node.binder.pass_once()
     assert node.api.gets == 2
+
+
+class Unreachable(KubeClient):
+    """An API server that answers nothing (overloaded): every request fails."""
+
+    def __init__(self) -> None:  # not connected to anything
+        self.lists = 0
+
+    def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        self.lists += 1
+        raise errors.ApiUnavailable("read timed out", request=path)
+
+
+class Pauses(threading.Event):
+    """A stop event that records each pause asked of it, and is set after ``count``."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.pauses: list[float] = []
+        self._count = count
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.pauses.append(float(timeout or 0.0))
+        if len(self.pauses) >= self._count:
+            self.set()
+        return self.is_set()
+
+
+def test_binders_failing_together_spread_their_retries(tmp_path: Path) -> None:
+    def pauses(draw: float) -> list[float]:
+        node = Binding(tmp_path / str(draw))
+        binder = mig_binding.MigBinder(
+            Unreachable(),
+            driver=DRIVER,
+            node=NODE,
+            mig=node.mig,
+            inventory=lambda: node.node.devices,
+            claims=node.state,
+            draw=lambda: draw,
+        )
+        stop = Pauses(5)
+        binder._watch_pods(stop)  # the watch thread's loop, run here until stopped
+        return stop.pauses
+
+    low, high = pauses(0.0), pauses(1.0)
+    assert len(low) == len(high) == 5
+    # After the first (0.2 s for all), the pauses spread below a doubling ceiling.
+    assert all(a < b for a, b in zip(low[1:], high[1:], strict=True))
+    assert high == sorted(high) and high[-1] <= mig_binding.MAX_WATCH_BACKOFF_S
