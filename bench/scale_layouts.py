@@ -13,6 +13,10 @@ A layout is what every simulated node publishes and what each pod's claim asks f
   partition carries ``mig-created`` / ``mig-failed``, and each node runs the plugin's binder
   (``plugin.mig_binding``: the watch on pods nominated to the node, a GET of their claims, the
   MIG device made on simulated GPUs, the condition applied); not in the default run;
+- ``dynamic-mig-bound-small``: ``dynamic-mig-bound`` on one H100 per node (``h100x8-mig``'s
+  first GPU: 25 placements, one counter set, about an eighth of the slices' bytes), the same
+  claim; the binder's cost per pod does not depend on the slices, and this one publishes at
+  1,000 nodes on a 2-core machine where the eight-GPU layout does not; not in the default run;
 - ``no-versions``: ``static`` without its three version attributes (``cudaComputeCapability``,
   ``driverVersion``, ``cudaDriverVersion``), the same claim: not a layout the driver could
   publish (claims written for NVIDIA's driver compare those attributes with ``semver``), but the
@@ -57,6 +61,7 @@ class Layout:
     summary: str
     requests: Mapping[str, str] = field(default_factory=dict)  # the claim's capacity.requests
     binds: bool = False  # each node runs the binder (dynamic MIG before binding)
+    profile: str | None = None  # a binding layout's simulated profile (its binder's devices)
 
 
 @dataclass(frozen=True)
@@ -69,16 +74,24 @@ class _TypeOnly:
     partition: slices.CounterUse | None = None
 
 
+# One H100 with MIG on: ``h100x8-mig``'s first GPU (the binding layout that fits 1,000 nodes).
+H100X1_MIG = simulated.SimProfile(
+    name="h100x1-mig", gpus=simulated.BUILTIN_PROFILES["h100x8-mig"].gpus[:1]
+)
+PROFILES: Mapping[str, simulated.SimProfile] = {
+    **simulated.BUILTIN_PROFILES,
+    H100X1_MIG.name: H100X1_MIG,
+}
+
+
 def devices_of(layout: Layout, node: str) -> list[Any]:
     """The devices a binding layout's node publishes (what its binder creates MIG devices of)."""
-    assert layout.binds
-    return _devices("h100x8-mig", node, dynamic=True)
+    assert layout.profile is not None
+    return _devices(layout.profile, node, dynamic=True)
 
 
 def _devices(profile: str, node: str, *, dynamic: bool) -> list[Any]:
-    backend: Any = simulated.SimulatedBackend(
-        profile=simulated.BUILTIN_PROFILES[profile], node_name=node
-    )
+    backend: Any = simulated.SimulatedBackend(profile=PROFILES[profile], node_name=node)
     if dynamic:
         backend = partitions.DynamicMigBackend(backend)
     return list(naming.build_devices(backend.discover().gpus))
@@ -176,6 +189,17 @@ LAYOUTS: Mapping[str, Layout] = {
         56,
         "h100x8-mig, dynamic, made before binding",
         binds=True,
+        profile="h100x8-mig",
+    ),
+    "dynamic-mig-bound-small": Layout(
+        "dynamic-mig-bound-small",
+        _product(H100X1_MIG.name, dynamic=True, binds=True),
+        MIG_CLASS,
+        f"{_attr('profile')} == '1g.10gb'",
+        7,  # 1g.10gb placements of one H100
+        "one H100 (h100x8-mig's first GPU), dynamic, made before binding",
+        binds=True,
+        profile=H100X1_MIG.name,
     ),
     "no-versions": Layout(
         "no-versions",

@@ -20,6 +20,10 @@ again). The node's plugin, seeing the allocation, creates the MIG devices and re
 
 :func:`step` decides which, from the claim as read, the ledger's devices for it and whether it
 is prepared (then prepare and unprepare own its devices, as without binding conditions).
+After :class:`Wait`, :class:`Prepared` and :class:`Forget` of an allocated claim nothing is
+left to do until the scheduler acts
+(binds the pod, or deallocates the claim and clears the pod's nomination), which the binder
+learns from the pod (``plugin.mig_binding``).
 """
 
 from __future__ import annotations
@@ -101,7 +105,16 @@ def wanted(
 
 @dataclass(frozen=True)
 class Forget:
-    """Nothing of the claim is held here, or prepare owns it: stop looking at it."""
+    """Nothing of the claim is held here and nothing of this node waits for it (not allocated
+    yet, allocated elsewhere or without the condition, or gone)."""
+
+    # Allocated (elsewhere, or without the condition): only a deallocation changes that.
+    allocated: bool = False
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The claim is prepared here: prepare and unprepare own its devices, nothing to do."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +137,7 @@ class Make:
     wanted: Wanted
 
 
-Step = Forget | Wait | Release | Make
+Step = Forget | Prepared | Wait | Release | Make
 
 
 def step(
@@ -145,7 +158,7 @@ def step(
     ``prepared``: the claim is prepared here (prepare and unprepare own its devices).
     """
     if prepared:
-        return Forget()
+        return Prepared()
     want = (
         None
         if claim is None
@@ -161,7 +174,8 @@ def step(
         if set(held) - set(want.devices):
             return Release(uid, "the claim is allocated other devices now")
     if want is None or not same:
-        return Forget()
+        allocated = claim is not None and bool((claim.get("status") or {}).get("allocation"))
+        return Forget(allocated=allocated)
     if want.failed:
         return Wait()  # the scheduler deallocates it; nothing of it is held
     if set(want.devices) <= set(held) and set(want.devices) <= want.reported:

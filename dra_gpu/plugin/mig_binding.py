@@ -12,9 +12,20 @@ and waits for the binding conditions (``NominatedNodeNameForExpectation``, beta 
 So the ``mig-binding-watch`` thread lists and watches the pods with
 ``fieldSelector=status.nominatedNodeName=<node>`` (only those come over the wire), keeping each
 one not yet bound with the claims it uses; the ``mig-binding`` thread GETs those claims once a
-second while any are pending (the scheduler looks every 5 s), plus the claims the ledger holds
-MIG devices for that are not prepared yet (until prepared or deallocated). A node with no pod
+second until each is allocated here (the scheduler writes the allocation just after it
+nominates the pod, and the pod does not change then), plus the claims the ledger holds MIG
+devices for that are not prepared yet (until prepared or deallocated). A node with no pod
 nominated to it and nothing made ahead sends nothing but its one watch.
+
+**Settled claims are not read again.** Once a claim's condition is reported (or it is
+prepared, or allocated without waiting for this node), nothing is left to do until the
+scheduler acts: it binds the pod (up to 5 s later: it reads the conditions every 5 s), or it
+deallocates the claim and clears the pod's nomination (a failure, its binding timeout). Both
+change the pod, and the watch sees it; so a settled claim of a pod still nominated here and
+unchanged is not read (``_settled``, the binder thread's), except once every ``SETTLED_S`` in
+case an event was missed. Any event of its pod (or a new list) brings it back to a GET a
+second. Reading it until the pod bound cost about 17 GETs per pod at 100 nodes, where the
+scheduler nominated many pods to one node and each woke a pass (docs/development/scale.md).
 
 **Writing the conditions.** A server-side apply of the claim's ``status`` with the field manager
 ``<driver>/mig-binding``, carrying only this node's entries of the claim's dynamic MIG devices
@@ -42,6 +53,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -55,6 +67,7 @@ from dra_gpu.kube.objects import ResourceClaim, claim_path
 from dra_gpu.kubeletplugin.claim_status import apply_body
 from dra_gpu.kubeletplugin.driver import ClaimRef
 from dra_gpu.kubeletplugin.ids import ClaimUID
+from dra_gpu.kubeletplugin.publisher import backoff_delay
 from dra_gpu.mig import binding
 from dra_gpu.mig.dynamic import DynamicMig, Owned
 from dra_gpu.mig.instances import InstanceError
@@ -65,6 +78,9 @@ log = logging.getLogger(__name__)
 
 PODS_PATH: Final = "/api/v1/pods"
 POLL_S: Final = 1.0  # while claims are pending; the scheduler looks every 5 s
+# A settled claim (reported, or prepared) of a pod still nominated here is read again after
+# this long even without an event of its pod: a missed event costs this much at most.
+SETTLED_S: Final = 30.0
 IDLE_S: Final = 1.0  # with nothing pending: a look at the ledger only (no API request)
 MAX_WATCH_BACKOFF_S: Final = 30.0
 
@@ -98,7 +114,9 @@ class MigBinder:
         poll_s: float = POLL_S,
         on_refused: Callable[[Mapping[str, list[dict[str, str]]]], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        draw: Callable[[], float] = random.random,
     ) -> None:
+        """``draw``: the random source of the watch's retry pauses (uniform in 0..1)."""
         self._client, self._driver, self._node = client, driver, node
         self._mig, self._inventory, self._claims = mig, inventory, claims
         self._clock, self._poll_s = clock, poll_s
@@ -106,15 +124,19 @@ class MigBinder:
         self._failed = f"{driver}/{published.MIG_FAILED}"
         self._field_manager = f"{driver}/mig-binding"
         # Guarded by _lock: pod UID -> (namespace, claim names) of the pods nominated to this
-        # node and not bound yet (the watch thread writes, the binder thread copies).
+        # node and not bound yet (the watch thread writes, the binder thread copies); and the
+        # claims whose pod came, changed or went since the last pass (the binder takes them).
         self._lock = threading.Lock()
         self._pods: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._changed: set[tuple[str, str]] = set()
         self._wake = threading.Event()  # a pod came or changed: look now
         self._threads: list[threading.Thread] = []
         # The binder thread's only: refused device -> (until, when first refused, RFC 3339).
         self._refused: dict[str, tuple[float, str]] = {}
+        # The binder thread's only: settled claim (namespace, name) -> when to read it anyway.
+        self._settled: dict[tuple[str, str], float] = {}
         self._dirty = False
-        self._on_refused, self._monotonic = on_refused, monotonic
+        self._on_refused, self._monotonic, self._draw = on_refused, monotonic, draw
 
     # --- threads ---------------------------------------------------------------------------
 
@@ -159,9 +181,12 @@ class MigBinder:
                 version = None  # expired: list again
             except errors.ApiError as err:
                 failures += 1
-                delay = min(0.5 * 2**failures, MAX_WATCH_BACKOFF_S)
+                # At random below a doubling ceiling: the binders of a fleet fail together when
+                # the API server is overloaded, and retrying in step kept it so (1,000 nodes,
+                # docs/development/scale.md).
+                delay = backoff_delay(failures, self._draw(), max_s=MAX_WATCH_BACKOFF_S)
                 log.warning(
-                    "watching the pods nominated to %s: %s; again in %.0f s", self._node, err, delay
+                    "watching the pods nominated to %s: %s; again in %.1f s", self._node, err, delay
                 )
                 version = None
                 stop.wait(delay)
@@ -169,20 +194,27 @@ class MigBinder:
     # --- the pods nominated to this node -----------------------------------------------------
 
     def set_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
-        """The pods listed: they replace what was known."""
+        """The pods listed: they replace what was known (and every claim is read again: events
+        may have been missed before the list)."""
         known = dict(p for p in map(_pending, pods) if p is not None)
         with self._lock:
             self._pods = known
+            self._changed.add(_EVERY)
         self._wake.set()
 
     def pod_event(self, kind: str, pod: Mapping[str, Any]) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
         entry = _pending(pod) if kind != "DELETED" else None
+        namespace = str(meta.get("namespace") or "")
         with self._lock:
             if entry is None:
                 self._pods.pop(uid, None)
             else:
                 self._pods[entry[0]] = entry[1]
+            # Whatever changed (bound, nominated elsewhere, deleted, its status): its claims
+            # are read at the next pass, settled or not.
+            self._changed.update((namespace, n) for n in binding.claim_names(pod))
         if entry is not None:
             self._wake.set()
 
@@ -192,6 +224,11 @@ class MigBinder:
         """Look at every pending claim once; True while any is pending (look again soon)."""
         with self._lock:
             pods = list(self._pods.values())
+            changed, self._changed = self._changed, set()
+        if _EVERY in changed:
+            self._settled.clear()
+        for key in changed:
+            self._settled.pop(key, None)
         try:
             return self._pass(pods)
         finally:
@@ -216,16 +253,31 @@ class MigBinder:
             log.warning("dynamic MIG binding: cannot read the checkpoint (%s); again soon", err)
             return True
         ahead = self._mig.ahead(completed)
-        targets: dict[tuple[str, str], None] = {}
-        for namespace, names in pods:
-            for name in names:
-                targets[(namespace, name)] = None
+        nominated = {(namespace, name) for namespace, names in pods for name in names}
+        # Settled claims stay so only while their pod is nominated here: a claim the ledger
+        # alone names (its pod bound, deleted or nominated elsewhere) is read every pass until
+        # prepared or deallocated, so that a deallocation frees its MIG device at once.
+        now = self._monotonic()
+        self._settled = {
+            k: until for k, until in self._settled.items() if k in nominated and until > now
+        }
+        targets: dict[tuple[str, str], None] = dict.fromkeys(sorted(nominated))
         for entry in ahead:
             targets[(entry.namespace, entry.name)] = None
         for namespace, name in targets:
+            if (namespace, name) in self._settled:
+                continue
             held = [e for e in ahead if (e.namespace, e.name) == (namespace, name)]
             try:
-                self.look(namespace, name, held)
+                todo = self.look(namespace, name, held)
+                if isinstance(todo, binding.Make | binding.Wait | binding.Prepared) or (
+                    isinstance(todo, binding.Forget) and todo.allocated
+                ):
+                    # Reported (the write above did not fail), prepare's, or allocated without
+                    # waiting for this node: the scheduler acts next, and the pod shows it. A
+                    # claim not allocated yet is read again: its allocation does not show on
+                    # the pod.
+                    self._settled[(namespace, name)] = now + SETTLED_S
             except errors.ApiError as err:
                 log.info("dynamic MIG binding of claim %s/%s: %s; again soon", namespace, name, err)
             except InstanceError as err:  # a MIG device that could not be destroyed
@@ -336,6 +388,10 @@ class MigBinder:
                 ", ".join(f"{d} ({u})" for d, u in made.items()),
                 self._ready,
             )
+
+
+# In ``_changed``: the pods were listed again, every claim is read.
+_EVERY: Final = ("", "")
 
 
 def _pending(pod: Mapping[str, Any]) -> tuple[str, tuple[str, tuple[str, ...]]] | None:

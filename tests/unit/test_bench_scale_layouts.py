@@ -7,6 +7,8 @@ Cases:
 - ``minimal`` publishes the same device names as ``static`` with only ``type``;
 - ``no-versions`` publishes ``static``'s devices less exactly the three version attributes;
 - ``dynamic-mig`` consumes counters published in the same pool;
+- ``dynamic-mig-bound-small`` publishes exactly ``dynamic-mig-bound``'s devices of its first
+  GPU, with its binding conditions, and its binder makes MIG devices of those;
 - ``consumable`` publishes shareable H200s and its claim asks for a 40Gi share, so that as many
   claims fit a node as the layout says;
 - unknown layouts are refused by name;
@@ -44,7 +46,18 @@ def matching(layout: sl.Layout) -> list[str]:
     return [d["name"] for d in devices(layout) if d["attributes"].get(name) == {"string": value}]
 
 
-@pytest.mark.parametrize("name", ["static", "minimal", "mig", "dynamic-mig", "no-versions"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "static",
+        "minimal",
+        "mig",
+        "dynamic-mig",
+        "dynamic-mig-bound",
+        "dynamic-mig-bound-small",
+        "no-versions",
+    ],
+)
 def test_the_claim_selects_the_devices_the_layout_counts_on(name: str) -> None:
     (layout,) = sl.parse_layouts(name)
     assert len(matching(layout)) == layout.per_node
@@ -88,6 +101,20 @@ def test_dynamic_mig_consumes_counters_of_its_own_pool() -> None:
     used = {c["counterSet"] for d in devices(layout) for c in d.get("consumesCounters") or []}
     assert used and used <= sets
     assert {s["spec"]["pool"]["name"] for s in pool} == {NODE}
+
+
+def test_the_small_binding_layout_is_the_first_gpu_of_the_large_one() -> None:
+    large, small = sl.parse_layouts("dynamic-mig-bound,dynamic-mig-bound-small")
+
+    def same(body: dict[str, Any]) -> dict[str, Any]:  # UUIDs are drawn from the profile name
+        attributes = {k: v for k, v in body["attributes"].items() if "UUID" not in k.upper()}
+        return {**body, "attributes": attributes}
+
+    first = [d for d in devices(large) if d["name"].startswith("gpu-0-")]
+    assert [same(d) for d in devices(small)] == [same(d) for d in first] and len(first) == 25
+    assert all(d["bindingConditions"] for d in devices(small) if "consumesCounters" in d)
+    made_of = {d.name for d in sl.devices_of(small, NODE)}
+    assert made_of == {d["name"] for d in first}
 
 
 @pytest.mark.parametrize(

@@ -21,12 +21,20 @@ Cases:
 - ``binding.step`` on its own: a claim allocated two devices here, one made, gets the other made;
   one that now has another device releases the first; a prepared claim is prepare's;
 - the pods nominated to the node: their claims (named, or made from templates) are looked at
-  until the pod is bound or gone.
+  until the pod is bound or gone;
+- a claim reported (or prepared, or allocated without waiting for this node) is not read again
+  while its pod stays nominated here and unchanged (the API server's cost per pod), one not
+  allocated yet is read every pass; an event of its pod (nominated elsewhere after a
+  deallocation, deleted) or ``SETTLED_S`` brings it back, and a deallocation then destroys the
+  device;
+- the pod watch's retries after failures are drawn at random below a doubling ceiling, so that
+  the binders of a fleet failing together do not retry in step.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -244,7 +252,7 @@ def test_the_mig_device_is_made_and_reported_before_the_pod_binds(tmp_path: Path
     spec = next((tmp_path / "cdi").glob("*.json")).read_text()
     assert made.uuid in spec
     step = node.binder.look("default", "claim-u1", [])
-    assert isinstance(step, binding.Forget)  # prepared: prepare and unprepare own it
+    assert isinstance(step, binding.Prepared)  # prepare and unprepare own it
     assert node.state.unprepare([ref("u1")]) == {"u1": ""}
     assert node.node.instances() == []
 
@@ -409,9 +417,15 @@ def test_claims_not_waiting_for_this_node_are_left_alone(tmp_path: Path) -> None
     no_condition = claim("u2", [result(DEVICE, pool=NODE)])  # allocated at prepare, as before
     node.api.add(elsewhere)
     node.api.add(no_condition)
-    node.nominate("u1", "u2", "u3")  # u3: not allocated yet (read again next pass)
+    node.nominate("u1", "u2", "u3")  # u3: not allocated yet
     assert node.binder.pass_once()
     assert node.node.instances() == [] and node.api.applies == []
+    assert node.api.gets == 3
+    node.binder.pass_once()  # only u3 is read again: its allocation does not show on the pod
+    assert node.api.gets == 4
+    node.allocate("u3")
+    node.binder.pass_once()
+    assert len(node.node.instances()) == 1 and conditions(node.api, "u3") == {READY: "True"}
 
 
 def test_step_decides_from_the_claim_the_ledger_and_the_checkpoint() -> None:
@@ -433,6 +447,108 @@ def test_step_decides_from_the_claim_the_ledger_and_the_checkpoint() -> None:
     )
     assert isinstance(moved, binding.Release) and moved.uid == "u1"
     owned = binding.step(as_claim(two), uid="u1", held=[DEVICE], prepared=True, **args)
-    assert isinstance(owned, binding.Forget)
+    assert isinstance(owned, binding.Prepared)
     fresh = binding.step(as_claim(allocated("u1")), uid=None, held=[], prepared=False, **args)
     assert isinstance(fresh, binding.Make)
+
+
+def pod(uid: str, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": f"pod-{uid}", "namespace": "default"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": f"claim-{uid}"}]},
+        "status": {"nominatedNodeName": NODE, **status},
+    }
+
+
+def test_a_reported_claim_is_not_read_while_its_pod_waits(tmp_path: Path) -> None:
+    node = Binding(tmp_path)
+    node.allocate("u1")
+    node.binder.pod_event("ADDED", pod("u1"))
+    node.binder.pass_once()
+    assert conditions(node.api, "u1") == {READY: "True"} and node.api.gets == 1
+    for _ in range(5):  # the scheduler reads the condition every 5 s; the pod is unchanged
+        node.binder.pass_once()
+    assert node.api.gets == 1
+    node.now += mig_binding.SETTLED_S + 1  # in case an event was missed: read again
+    node.binder.pass_once()
+    assert node.api.gets == 2
+    node.binder.pass_once()
+    assert node.api.gets == 2
+
+
+@pytest.mark.parametrize("event", ["DELETED", "MODIFIED"])
+def test_a_deallocation_shown_by_the_pod_destroys_the_device(tmp_path: Path, event: str) -> None:
+    node = Binding(tmp_path)
+    node.allocate("u1")
+    node.binder.pod_event("ADDED", pod("u1"))
+    node.binder.pass_once()
+    assert len(node.node.instances()) == 1
+    # The scheduler gave up (its binding timeout, another claim's failure): it deallocated the
+    # claim and cleared the pod's nomination (the watch sends DELETED: the pod left the
+    # selector), or wrote the pod's status (MODIFIED, nominated here again).
+    node.api.claims[("default", "claim-u1")]["status"] = {}
+    failed = {"type": "PodScheduled", "status": "False", "reason": "SchedulerError"}
+    node.binder.pod_event(event, pod("u1", conditions=[failed]))
+    node.binder.pass_once()
+    assert node.node.instances() == [] and node.mig.ledger.load() == []
+
+
+def test_a_list_reads_every_claim_again(tmp_path: Path) -> None:
+    node = Binding(tmp_path)
+    node.allocate("u1")
+    node.nominate("u1")
+    node.binder.pass_once()
+    node.binder.pass_once()
+    assert node.api.gets == 1
+    node.nominate("u1")  # the watch expired and the pods were listed again
+    node.binder.pass_once()
+    assert node.api.gets == 2
+
+
+class Unreachable(KubeClient):
+    """An API server that answers nothing (overloaded): every request fails."""
+
+    def __init__(self) -> None:  # not connected to anything
+        self.lists = 0
+
+    def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        self.lists += 1
+        raise errors.ApiUnavailable("read timed out", request=path)
+
+
+class Pauses(threading.Event):
+    """A stop event that records each pause asked of it, and is set after ``count``."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.pauses: list[float] = []
+        self._count = count
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.pauses.append(float(timeout or 0.0))
+        if len(self.pauses) >= self._count:
+            self.set()
+        return self.is_set()
+
+
+def test_binders_failing_together_spread_their_retries(tmp_path: Path) -> None:
+    def pauses(draw: float) -> list[float]:
+        node = Binding(tmp_path / str(draw))
+        binder = mig_binding.MigBinder(
+            Unreachable(),
+            driver=DRIVER,
+            node=NODE,
+            mig=node.mig,
+            inventory=lambda: node.node.devices,
+            claims=node.state,
+            draw=lambda: draw,
+        )
+        stop = Pauses(5)
+        binder._watch_pods(stop)  # the watch thread's loop, run here until stopped
+        return stop.pauses
+
+    low, high = pauses(0.0), pauses(1.0)
+    assert len(low) == len(high) == 5
+    # After the first (0.2 s for all), the pauses spread below a doubling ceiling.
+    assert all(a < b for a, b in zip(low[1:], high[1:], strict=True))
+    assert high == sorted(high) and high[-1] <= mig_binding.MAX_WATCH_BACKOFF_S
