@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 POLL_S = 1.0
+# How long a new namespace may lack its default ServiceAccount (the controller-manager adds it).
+SERVICE_ACCOUNT_WAIT_S = 30.0
 DEFAULT_IMAGE = "busybox:1.36"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
 STEPS = ("node", "plugin", "slices", "pod", "cdi")
@@ -301,7 +303,21 @@ class Validation:
     # --- helpers ------------------------------------------------------------------------------
 
     def _create(self, collection: str, obj: Mapping[str, Any]) -> None:
-        self._client.request("POST", collection, body=obj)
+        from dra_gpu.kube import errors
+
+        # A namespace created a moment ago has no default ServiceAccount yet (the
+        # controller-manager adds it), and the API server refuses its pods until it has.
+        deadline = time.monotonic() + min(self._o.timeout_s, SERVICE_ACCOUNT_WAIT_S)
+        while True:
+            try:
+                self._client.request("POST", collection, body=obj)
+                break
+            except errors.ApiError as err:
+                if not steps.service_account_pending(err.status, err.message):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(POLL_S)
         self._created.append(f"{collection}/{obj['metadata']['name']}")
 
     def _wait_log(self, pod: str, parse: Callable[[str], T | None]) -> T | None:

@@ -400,6 +400,15 @@ def cdi_listing(log: str) -> str | None:
     return "\n".join(lines[lines.index("== cdi") + 1 : lines.index("== end")])
 
 
+def service_account_pending(status: int | None, message: str) -> bool:
+    """Whether the API server refused a pod only because its namespace's ServiceAccount is not
+    there yet (``error looking up service account NS/default: serviceaccount "default" not
+    found``): a namespace created a moment ago gets it from the controller-manager shortly."""
+    return (
+        status == 403 and "error looking up service account" in message and "not found" in (message)
+    )
+
+
 def validated_label(driver: str) -> str:
     """The Node label a passed validation sets: ``<driver>/validated``."""
     return f"{driver}/validated"

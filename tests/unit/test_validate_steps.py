@@ -208,3 +208,23 @@ def test_a_node_that_does_not_exist_stops_at_the_first_check() -> None:
         "[layer 0. the cluster, docs/user/troubleshooting.md; look at: kubectl get nodes]"
     )
     assert said[1:] == ["SKIP  plugin", "SKIP  slices", "SKIP  pod", "SKIP  cdi"]
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "pending"),
+    [
+        (
+            403,
+            'pods "dra-gpu-validate-8ad3a5" is forbidden: error looking up service account '
+            'gpu-demo/default: serviceaccount "default" not found',
+            True,
+        ),
+        (403, 'pods "x" is forbidden: violates PodSecurity "restricted:latest"', False),
+        (404, 'namespaces "gpu-demo" not found', False),
+        (None, "connection refused", False),
+    ],
+)
+def test_a_pod_refused_for_a_service_account_not_made_yet_is_tried_again(
+    status: int | None, message: str, pending: bool
+) -> None:
+    assert steps.service_account_pending(status, message) is pending
