@@ -338,8 +338,9 @@ def _on_node(node: str) -> JSON:
     }
 
 
-def check_pod(name: str, node: str, claim_name: str, image: str) -> JSON:
-    """A pod on ``node`` with the claim, printing its report and waiting to be deleted."""
+def _pod(name: str, container: JSON, **spec: Any) -> JSON:
+    """A validate pod: never restarted, quick to delete, tolerating every taint (a tainted
+    GPU node is still to be validated), its one container ``container``, the rest ``spec``."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -347,49 +348,39 @@ def check_pod(name: str, node: str, claim_name: str, image: str) -> JSON:
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
-            "affinity": _on_node(node),
             "tolerations": [{"operator": "Exists"}],
-            "containers": [
-                {
-                    "name": "check",
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": [
-                        "sh",
-                        "-c",
-                        REPORT_SCRIPT + '; trap "exit 0" TERM; sleep 3600 & wait',
-                    ],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+            "containers": [{"imagePullPolicy": "IfNotPresent", **container}],
+            **spec,
         },
     }
+
+
+def check_pod(name: str, node: str, claim_name: str, image: str) -> JSON:
+    """A pod on ``node`` with the claim, printing its report and waiting to be deleted."""
+    script = REPORT_SCRIPT + '; trap "exit 0" TERM; sleep 3600 & wait'
+    container = {"name": "check", "image": image, "command": ["sh", "-c", script]}
+    return _pod(
+        name,
+        {**container, "resources": {"claims": [{"name": "gpu"}]}},
+        affinity=_on_node(node),
+        resourceClaims=[{"name": "gpu", "resourceClaimName": claim_name}],
+    )
 
 
 def cdi_pod(name: str, node: str, image: str, cdi_root: str) -> JSON:
     """A pod on ``node`` listing its CDI root (read-only)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "dra-gpu-validate"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "nodeName": node,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [
-                {
-                    "name": "cdi",
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["sh", "-c", 'echo "== cdi"; ls /cdi; echo "== end"'],
-                    "volumeMounts": [{"name": "cdi", "mountPath": "/cdi", "readOnly": True}],
-                }
-            ],
-            "volumes": [{"name": "cdi", "hostPath": {"path": cdi_root, "type": "Directory"}}],
-        },
+    container = {
+        "name": "cdi",
+        "image": image,
+        "command": ["sh", "-c", 'echo "== cdi"; ls /cdi; echo "== end"'],
+        "volumeMounts": [{"name": "cdi", "mountPath": "/cdi", "readOnly": True}],
     }
+    return _pod(
+        name,
+        container,
+        nodeName=node,
+        volumes=[{"name": "cdi", "hostPath": {"path": cdi_root, "type": "Directory"}}],
+    )
 
 
 def cdi_listing(log: str) -> str | None:
