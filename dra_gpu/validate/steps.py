@@ -279,14 +279,17 @@ def judge_pending(
             "pod",
             f"pod {name} not scheduled after {waited_s:.0f}s: {said or 'no Events'}",
             layer="3. allocation",
-            look=f"kubectl describe pod -n {_logs_of(name)}; dra-gpu explain on the claim",
+            # The check claim needs a device of its class free on the node: a node whose
+            # devices are all allocated to workloads cannot be validated (seen in an upgrade).
+            look=f"kubectl describe pod {_logs_of(name)}; dra-gpu explain on the claim; "
+            "validate needs one free device of its class on the node",
         )
     return failed(
         "pod",
         f"pod {name} scheduled but not running after {waited_s:.0f}s "
         f"({status.get('phase')}): {said or 'no Events'}",
         layer="4. prepare" if "Prepare" in said else "5. CDI in the runtime",
-        look=f"kubectl describe pod -n {_logs_of(name)}; the plugin's log",
+        look=f"kubectl describe pod {_logs_of(name)}; the plugin's log",
     )
 
 

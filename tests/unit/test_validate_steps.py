@@ -180,6 +180,9 @@ def test_a_pod_that_did_not_run_names_where_it_stopped(
     verdict = steps.judge_pending(pod, events, 30)
     assert not verdict.ok and verdict.layer == layer
     assert event[1] in verdict.said
+    assert verdict.look.startswith("kubectl describe pod -n ns p;"), verdict.look
+    if scheduled == "False":  # e.g. every device of the node allocated to workloads
+        assert "validate needs one free device of its class on the node" in verdict.look
 
 
 def test_the_recorded_label_and_version() -> None:
