@@ -15,6 +15,7 @@ reaches the container environment only, as before this module existed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -82,10 +83,11 @@ class Sharing:
         """Whether any strategy is applied (off: prepare and unprepare skip sharing's reads)."""
         return self.switches.time_slicing or self.switches.mps
 
-    @property
+    @functools.cached_property
     def limits_shares(self) -> bool:
         """Whether each consumable share gets its memory and compute caps (the strategy that
-        caps shares is applied: ``strategies.share_limiter``)."""
+        caps shares is applied: ``strategies.share_limiter``). Asked at every prepare; the
+        switches never change, so it is worked out once."""
         return strategies.limits_shares_when(self.switches.enabled)
 
     @property
