@@ -39,6 +39,8 @@ REQUEST_TIMEOUT_S = 20.0
 JSON_TYPE = "application/json"
 # A server-side apply patch: the fields the caller owns, merged by the server per list-map key.
 APPLY_PATCH = "application/apply-patch+yaml"
+# A JSON merge patch: the keys given replace the object's, a null removes one (Node labels).
+MERGE_PATCH = "application/merge-patch+json"
 WATCH_SECONDS = 290
 # How much longer than the server-side watch timeout we wait, so the server ends a healthy
 # stream first.

@@ -22,6 +22,11 @@ def claim_path(namespace: str, name: str) -> str:
     return f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
 
 
+def node_path(name: str) -> str:
+    """The API path of a Node (its GET, and the merge patch of its labels)."""
+    return f"/api/v1/nodes/{quote(name, safe='')}"
+
+
 # --- shared --------------------------------------------------------------------------------
 
 

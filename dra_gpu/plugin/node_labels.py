@@ -20,23 +20,18 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
-from urllib.parse import quote
 
 from dra_gpu.devices import node_labels
 from dra_gpu.devices.model import Device
 from dra_gpu.kube import errors
-from dra_gpu.kube.client import KubeClient
+from dra_gpu.kube.client import MERGE_PATCH, KubeClient
+from dra_gpu.kube.objects import node_path
 
 log = logging.getLogger(__name__)
 
-MERGE_PATCH = "application/merge-patch+json"
 RETRY_S = 30.0
 RESYNC_S = 600.0
 STOP_POLL_S = 1.0
-
-
-def node_path(node: str) -> str:
-    return f"/api/v1/nodes/{quote(node, safe='')}"
 
 
 def apply(client: KubeClient, node: str, wanted: Mapping[str, str]) -> dict[str, str | None]:

@@ -38,6 +38,7 @@ from urllib.parse import quote
 
 import dra_gpu
 from dra_gpu import DRIVER_NAME
+from dra_gpu.kube.objects import node_path
 from dra_gpu.validate import steps
 from dra_gpu.validate.steps import Verdict
 
@@ -212,7 +213,7 @@ class Validation:
         from dra_gpu.kube import errors
 
         try:
-            self._node = self._client.request("GET", _node_path(self._o.node))
+            self._node = self._client.request("GET", node_path(self._o.node))
         except errors.NotFound:
             return steps.failed(
                 "node",
@@ -380,6 +381,7 @@ class Validation:
     def _record(self, outcome: Outcome) -> None:
         """The label a rollout gates on, and an Event on the Node."""
         from dra_gpu.kube import errors
+        from dra_gpu.kube.client import MERGE_PATCH
         from dra_gpu.kubeletplugin import events
 
         label = steps.validated_label(self._o.driver)
@@ -395,9 +397,9 @@ class Validation:
         try:
             self._client.request(
                 "PATCH",
-                _node_path(node),
+                node_path(node),
                 body=body,
-                content_type="application/merge-patch+json",
+                content_type=MERGE_PATCH,
             )
             uid = str((self._node.get("metadata") or {}).get("uid") or node)
             event = events.warning_event(
@@ -415,10 +417,6 @@ class Validation:
             return
         state = f"{label}={value}" if value else f"{label} removed"
         self._say(f"recorded on node {node}: label {state}, Event {event['reason']}")
-
-
-def _node_path(node: str) -> str:
-    return f"/api/v1/nodes/{quote(node, safe='')}"
 
 
 def _attr(device: Mapping[str, Any], name: str) -> str:
