@@ -432,8 +432,8 @@ def device_state(
     client: KubeClient,
     inventory: Callable[[], Mapping[str, Device]],
     poster: EventPoster,
-    mig: DynamicMig | None,
     driver_gate: Callable[[], str | None] | None = None,
+    mig: DynamicMig | None = None,
 ) -> DeviceState:
     """The prepare/unprepare state of this node (:class:`KubeletPlugin` restores it before
     serving it).
@@ -463,7 +463,7 @@ def device_state(
             if settings.rolling_update
             else contextlib.nullcontext
         ),
-        mig=mig,
+        mig=mig if mig is not None else dynamic_mig(settings, platform),
         driver_gate=driver_gate,
     )
 
