@@ -17,9 +17,15 @@ The protocol, as Kubernetes defines it (``k8s.io/dynamic-resource-allocation/api
   request mounts its request's file (CDI replaces a mount of the same container path, so two
   devices of one request give one mount).
 
-On the node the files live in the plugin's state directory,
-``<state dir>/dra-device-metadata/<claim UID>/<request>/metadata.json`` (kept across reboots,
-like the checkpoint; keyed by UID, since names repeat across namespaces). Pure builders here,
+On the node the files live in the plugin's state directory, one flat directory:
+``<state dir>/dra-device-metadata/<claim UID>.<request>.json`` (kept across reboots, like the
+checkpoint; keyed by UID, since names repeat across namespaces; a UID has no dot and a request
+name is a DNS label, so the name splits back). Flat, because a directory per claim and request
+cost two ``mkdir`` at prepare and two ``rmdir`` at unprepare, each a new inode on ext4: 7 % of
+the plugin's CPU per cycle (``perf`` under ``bench/prepare.py``, docs/development/performance.md).
+Release 0.2.0 wrote ``<claim UID>/<request>/metadata.json``: such files are still read, and
+removed at unprepare (:data:`OLD_FILE_NAME`); a start rewrites those claims' specs to the flat
+files. Pure builders here,
 plus the small file functions :mod:`dra_gpu.prepare.state` calls at the points it writes and
 removes the claim's CDI spec.
 """
@@ -30,7 +36,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -50,7 +56,9 @@ CLAIMS_SUBDIR: Final = "resourceclaims"
 TEMPLATES_SUBDIR: Final = "resourceclaimtemplates"
 POD_CLAIM_NAME_ANNOTATION: Final = "resource.kubernetes.io/pod-claim-name"
 HOST_SUBDIR: Final = "dra-device-metadata"
-FILE_NAME: Final = "metadata.json"
+SUFFIX: Final = ".json"
+# Release 0.2.0's layout, <claim UID>/<request>/metadata.json: read and removed, never written.
+OLD_FILE_NAME: Final = "metadata.json"
 
 
 @dataclass(frozen=True)
@@ -176,7 +184,14 @@ def document(
 
 
 def host_path(state_dir: Path, uid: ClaimUID, request: str) -> Path:
-    return state_dir / HOST_SUBDIR / str(uid) / base_request(request) / FILE_NAME
+    return state_dir / HOST_SUBDIR / f"{uid}.{base_request(request)}{SUFFIX}"
+
+
+def _claim_of(file_name: str) -> ClaimUID | None:
+    """The claim UID of a file of the flat layout; None for anything else (a temp file)."""
+    if file_name.startswith(".") or not file_name.endswith(SUFFIX) or "." not in file_name:
+        return None
+    return ClaimUID(file_name.split(".", 1)[0])
 
 
 def cdi_edits(
@@ -228,30 +243,45 @@ def missing(meta: ClaimMetadata, *, state_dir: Path) -> bool:
     return any(not host_path(state_dir, meta.uid, r).is_file() for r in meta.requests())
 
 
-def remove(state_dir: Path, uid: ClaimUID) -> None:
+def remove(state_dir: Path, uid: ClaimUID, requests: Iterable[str] | None = None) -> None:
     """Remove the claim's files; nothing there is not an error (unprepare repeats).
 
-    The files this module writes are removed by name and their directories with ``rmdir``:
-    ``shutil.rmtree`` opened, stat'ed and scanned each level, a third of an unprepare's CPU in
-    the plugin (bench/prepare_profile.py --steps). Anything else there (a temp file of a write
-    killed midway) falls back to it.
+    ``requests``: the claim's requests as its record names them, so unprepare removes its
+    files by name; None (a rollback, a record without them) looks through the directory. A
+    temp file of a write killed midway stays until the next start sweeps it
+    (:func:`remove_temp_files`). Files of release 0.2.0's layout go too.
     """
-    claim_dir = state_dir / HOST_SUBDIR / str(uid)
+    root = state_dir / HOST_SUBDIR
+    if requests is None:
+        try:
+            names = [n for n in os.listdir(root) if _claim_of(n) == uid]
+        except OSError:  # no directory yet, or unreadable: nothing of ours to remove
+            names = []
+        paths = [root / n for n in names]
+    else:
+        paths = [host_path(state_dir, uid, r) for r in dict.fromkeys(map(base_request, requests))]
+    for path in paths:
+        atomicfile.remove(path)
+    _remove_old(root / str(uid))
+
+
+def _remove_old(claim_dir: Path) -> None:
+    """Release 0.2.0's directory of a claim, if there is one (one failing call when not)."""
     try:
         requests = os.listdir(claim_dir)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return
     except OSError:
         requests = []
     for request in requests:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            os.unlink(claim_dir / request / FILE_NAME)
+            os.unlink(claim_dir / request / OLD_FILE_NAME)
     for directory in [*(claim_dir / r for r in requests), claim_dir]:
         try:
             os.rmdir(directory)
         except FileNotFoundError:
             pass
-        except OSError:
+        except OSError:  # a temp file of a killed write: the whole directory is ours
             shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -260,21 +290,28 @@ def remove_temp_files(state_dir: Path) -> int:
     root = state_dir / HOST_SUBDIR
     if not root.is_dir():
         return 0
-    return sum(atomicfile.remove_temp_files(d, FILE_NAME) for d in root.glob("*/*"))
+    flat = atomicfile.remove_temp_files(root, f"*{SUFFIX}")
+    return flat + sum(atomicfile.remove_temp_files(d, OLD_FILE_NAME) for d in root.glob("*/*"))
 
 
 def claims_with_files(state_dir: Path) -> set[ClaimUID]:
     root = state_dir / HOST_SUBDIR
     if not root.is_dir():
         return set()
-    return {ClaimUID(p.name) for p in root.iterdir() if p.is_dir()}
+    found = set()
+    for p in root.iterdir():
+        uid = ClaimUID(p.name) if p.is_dir() else _claim_of(p.name)  # a directory: 0.2.0's
+        if uid is not None:
+            found.add(uid)
+    return found
 
 
 def recorded_pod_claim_name(state_dir: Path, uid: ClaimUID) -> tuple[bool, str | None]:
     """(found, podClaimName) from a file of the claim written earlier: how a rebuilt CDI spec
     finds the container path without the API server. ``found`` False: no readable file."""
-    claim_dir = state_dir / HOST_SUBDIR / str(uid)
-    for path in sorted(claim_dir.glob(f"*/{FILE_NAME}")):
+    root = state_dir / HOST_SUBDIR
+    paths = [*sorted(root.glob(f"{uid}.*{SUFFIX}")), *sorted(root.glob(f"{uid}/*/{OLD_FILE_NAME}"))]
+    for path in paths:
         try:
             body = json.loads(path.read_bytes())
         except (OSError, ValueError):

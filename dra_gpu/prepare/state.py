@@ -474,9 +474,15 @@ class DeviceState:
                 # The copy in memory answers for a claim this process prepared (the usual case)
                 # without the file lock and a stat; only "not known" is checked on disk, since
                 # another instance may have recorded it since.
-                known = ref.uid in self.store.peek().claims or ref.uid in self.store.load().claims
+                record = self.store.peek().claims.get(ref.uid) or self.store.load().claims.get(
+                    ref.uid
+                )
+                known = record is not None
                 cdi.remove_spec(self.settings.cdi_root, ref.uid)
-                device_metadata.remove(self.settings.state_dir, ref.uid)
+                # Its files by name, from the record's requests (a record rebuilt from a CDI
+                # spec names none: then they are looked for).
+                named = [r for d in record.devices for r in d.request_names] if record else []
+                device_metadata.remove(self.settings.state_dir, ref.uid, named or None)
                 if self._mig is not None:
                     self._mig.release(ref.uid)  # before the record: a crash destroys again
                 if not known:

@@ -82,18 +82,18 @@ def test_the_spec_mounts_each_requests_file_naming_its_devices(node: Node) -> No
     assert state.prepare([c1])[ClaimUID("u1")].error == ""
     spec = node.spec("u1")
     assert validate_spec(spec) == []
-    host = node.state_dir / "dra-device-metadata" / "u1"
+    host = node.state_dir / "dra-device-metadata"
     assert node.mounts("u1") == {
         "gpu-0": [
             (
-                str(host / "train" / "metadata.json"),
+                str(host / "u1.train.json"),
                 f"{BASE}/resourceclaims/c1/train/gpu.nvidia.com-metadata.json",
                 ("ro", "bind"),
             )
         ],
         MIG: [
             (
-                str(host / "infer" / "metadata.json"),
+                str(host / "u1.infer.json"),
                 f"{BASE}/resourceclaims/c1/infer/gpu.nvidia.com-metadata.json",
                 ("ro", "bind"),
             )
@@ -121,7 +121,7 @@ def test_the_spec_mounts_each_requests_file_naming_its_devices(node: Node) -> No
     assert mig["resource.kubernetes.io/pciBusID"] == {"string": "0000:0f:00.0"}
 
     assert state.unprepare([c1]) == {ClaimUID("u1"): ""}
-    assert not host.exists()
+    assert not any(host.iterdir())
 
 
 def test_a_claim_from_a_template_goes_under_the_pods_claim_name(node: Node) -> None:
@@ -149,11 +149,10 @@ def test_start_removes_unowned_files_and_rebuilds_missing_ones(node: Node) -> No
     device_metadata.remove(node.state_dir, ClaimUID("u3"))
     cdi.remove_spec(node.root / "cdi", ClaimUID("u3"))
     orphan = device_metadata.host_path(node.state_dir, ClaimUID("gone"), "gpu")
-    orphan.parent.mkdir(parents=True)
     orphan.write_text("{}")
     report = node.state().start()
     assert report.problems == ()
-    assert not orphan.parent.parent.exists()
+    assert not orphan.exists()
     assert node.file("u3", "gpu") == written
     assert {m[1] for mounts in node.mounts("u3").values() for m in mounts} == {
         f"{BASE}/resourceclaimtemplates/pc/gpu/gpu.nvidia.com-metadata.json"
@@ -166,15 +165,47 @@ def test_start_removes_unowned_files_and_rebuilds_missing_ones(node: Node) -> No
     assert node.file("u3", "gpu") == written
 
 
-def test_remove_takes_the_claims_files_and_whatever_a_killed_write_left(tmp_path: Path) -> None:
-    claim_dir = tmp_path / device_metadata.HOST_SUBDIR / "u1"
-    for request in ("gpu", "mig"):
-        (claim_dir / request).mkdir(parents=True)
-        (claim_dir / request / device_metadata.FILE_NAME).write_text("{}")
-    (claim_dir / "mig" / ".metadata.json.tmp-1").write_text("half")  # a write killed midway
-    other = tmp_path / device_metadata.HOST_SUBDIR / "u2" / "gpu" / device_metadata.FILE_NAME
-    other.parent.mkdir(parents=True)
-    other.write_text("{}")
-    device_metadata.remove(tmp_path, ClaimUID("u1"))
-    assert not claim_dir.exists() and other.exists()
+def test_remove_takes_the_claims_files_by_name_or_found_and_leaves_other_claims(
+    tmp_path: Path,
+) -> None:
+    def put(uid: str, request: str) -> Path:
+        path = device_metadata.host_path(tmp_path, ClaimUID(uid), request)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+        return path
+
+    mine = [put("u1", "gpu"), put("u1", "mig")]
+    other = put("u2", "gpu")
+    device_metadata.remove(tmp_path, ClaimUID("u1"), ["gpu", "mig/large"])  # from the record
+    assert not any(p.exists() for p in mine) and other.exists()
+    mine = [put("u1", "gpu"), put("u1", "mig")]
+    device_metadata.remove(tmp_path, ClaimUID("u1"))  # requests unknown: looked for
+    assert not any(p.exists() for p in mine) and other.exists()
     device_metadata.remove(tmp_path, ClaimUID("u1"))  # unprepare repeats: nothing there
+    assert device_metadata.claims_with_files(tmp_path) == {ClaimUID("u2")}
+
+
+def test_files_of_release_0_2_0s_layout_are_read_and_removed(node: Node) -> None:
+    """0.2.0 wrote <UID>/<request>/metadata.json: after an upgrade its claims keep their files
+    until unprepare, and a restarted plugin's rebuilt spec finds the pod's name for the claim."""
+    body = claim("u4", [result("gpu-0", "gpu")])
+    node.fetcher.add(body)
+    assert node.state().prepare([ref("u4")])[ClaimUID("u4")].error == ""
+    flat = device_metadata.host_path(node.state_dir, ClaimUID("u4"), "gpu")
+    old = node.state_dir / device_metadata.HOST_SUBDIR / "u4" / "gpu" / "metadata.json"
+    old.parent.mkdir(parents=True)
+    document = json.loads(flat.read_text())
+    old.write_text(json.dumps({**document, "podClaimName": "from-0.2.0"}))
+    (old.parent / ".metadata.json.tmp-7").write_text("half")  # 0.2.0's write killed midway
+    flat.unlink()
+    cdi.remove_spec(node.root / "cdi", ClaimUID("u4"))
+    assert device_metadata.claims_with_files(node.state_dir) == {ClaimUID("u4")}
+
+    assert node.state().start().problems == ()  # spec and flat file rebuilt; old file kept
+    assert old.exists() and not (old.parent / ".metadata.json.tmp-7").exists()
+    assert {m[1] for mounts in node.mounts("u4").values() for m in mounts} == {
+        f"{BASE}/resourceclaimtemplates/from-0.2.0/gpu/gpu.nvidia.com-metadata.json"
+    }
+    assert node.state().unprepare([ref("u4")])[ClaimUID("u4")] == ""
+    assert not (node.state_dir / device_metadata.HOST_SUBDIR / "u4").exists()
+    assert not flat.exists()
