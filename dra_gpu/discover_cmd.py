@@ -233,12 +233,10 @@ def run(args: argparse.Namespace) -> int:
     except plugin_settings.SettingsError as e:
         print(f"dra-gpu discover: {e}", file=sys.stderr)
         return 2
-    binding = str(args.binding_conditions).strip().lower()
-    if binding not in ("true", "false"):
-        print(
-            f"dra-gpu discover: --binding-conditions must be true or false, not {binding!r}",
-            file=sys.stderr,
-        )
+    try:
+        binding = plugin_settings.switch(str(args.binding_conditions), "--binding-conditions")
+    except plugin_settings.SettingsError as e:
+        print(f"dra-gpu discover: {e}", file=sys.stderr)
         return 2
     try:
         backend = make_backend(
@@ -264,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
             node_name=node_name,
             shares=settings.consumable_shares,
             driver_name=settings.driver_name,
-            binding=settings.mig_mode == "dynamic" and binding == "true",
+            binding=settings.mig_mode == "dynamic" and binding,
         )
     )
     if discovery.errors:

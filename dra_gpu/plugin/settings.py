@@ -344,7 +344,8 @@ def _metrics_address(raw: str | None) -> tuple[str, int] | None:
         raise SettingsError(str(err)) from None
 
 
-def _switch(raw: str | None, what: str) -> bool:
+def switch(raw: str | None, what: str) -> bool:
+    """A true/false setting (None: false); raises SettingsError naming ``what``."""
     if raw is None:
         return False
     value = raw.strip().lower()
@@ -377,7 +378,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
     mig_mode = pick("mig_mode") or "static"
     if mig_mode not in MIG_MODES:
         raise SettingsError(f"MIG mode must be static or dynamic, got {mig_mode!r}")
-    switched = {s.setting: _switch(pick(s.setting), s.flag) for s in strategies.STRATEGIES.values()}
+    switched = {s.setting: switch(pick(s.setting), s.flag) for s in strategies.STRATEGIES.values()}
     try:
         share_mode = shares.parse_mode(
             pick("consumable_shares"),
@@ -407,7 +408,7 @@ def build_settings(values: Mapping[str, object], env: Mapping[str, str]) -> Sett
         metrics_address=_metrics_address(pick("metrics_address")),
         time_slicing_settings=switched["time_slicing_settings"],
         mps_support=switched["mps_support"],
-        node_labels=_switch(pick("node_labels"), "--node-labels"),
+        node_labels=switch(pick("node_labels"), "--node-labels"),
         mig_mode=mig_mode,
         consumable_shares=share_mode,
         telemetry_interval_s=_seconds(

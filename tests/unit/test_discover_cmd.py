@@ -243,7 +243,7 @@ def test_dynamic_mig_devices_carry_binding_conditions_unless_told_the_server_lac
     assert conditions(served) == {("gpu.nvidia.com/mig-created", "gpu.nvidia.com/mig-failed")}
     assert conditions(old) == conditions(static) == {()}  # static MIG devices exist already
     rc, _, err = run(capsys, *argv, "--binding-conditions", "yes")
-    assert rc == 2 and "--binding-conditions must be true or false, not 'yes'" in err
+    assert rc == 2 and "--binding-conditions must be true or false, got 'yes'" in err
 
 
 def test_unknown_profile_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
