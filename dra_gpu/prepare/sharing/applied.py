@@ -90,8 +90,9 @@ class Sharing:
         switches never change, so it is worked out once."""
         return strategies.limits_shares_when(self.switches.enabled)
 
-    @property
+    @functools.cached_property
     def _mps(self) -> mps.MpsControl:
+        """Built once: it holds only the runner and the state directory, both fixed."""
         return mps.MpsControl(self.runner, self.state_dir)
 
     # --- pure parts ---------------------------------------------------------------------------
