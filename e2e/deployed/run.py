@@ -63,7 +63,9 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
+from dra_gpu import DRIVER_NAME
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
+from dra_gpu.validate import steps as validate_steps
 from e2e.cluster import ClusterError
 from e2e.deployed import node_state
 from e2e.deployed.env import (
@@ -77,6 +79,7 @@ from e2e.deployed.env import (
     DeployedEnv,
     Release,
 )
+from e2e.images import node_images
 from e2e.suite import runner
 from e2e.suite.kube import RESOURCE, Kube, load_manifests, wait_for
 from e2e.suite.scenarios import BY_NAME, SCENARIOS
@@ -88,6 +91,7 @@ FAILED_PREPARE = "FailedPrepareDynamicResources"
 PROBES_HELD = 4
 GATE_S = 120.0  # a pool's plugin pods Ready on the new image within this, or the gate fails
 BROKEN_GATE_S = 45.0  # how long the broken canary is given (it never becomes Ready)
+VALIDATED_LABEL = validate_steps.validated_label(DRIVER_NAME)
 
 
 def _stderr(line: str) -> None:
@@ -191,11 +195,10 @@ class Checks:
     def pool_gate(self, release: Release, tag: str, *, timeout: float = GATE_S) -> list[str]:
         """Whether ``release``'s pool is ready on image ``tag``: its plugin pods all on it and
         Ready, one of them registered with the kubelet, the node's slices those ``dra-gpu
-        discover`` predicts for the pool, and a claim prepared there (a pod with one runs and
-        sees its device, then its claim is unprepared). Problems, or none.
-
-        The seam for ``dra-gpu validate --node`` (issue 43 part 2, another branch): once it
-        lands, this runs it for the pool's node and returns its failed lines."""
+        discover`` predicts for the pool, a claim prepared there (a pod with one runs and sees
+        its device, then its claim is unprepared), and ``dra-gpu validate --node`` passing, as
+        a platform team's rollout would gate on it (its node label then names ``tag``).
+        Problems, or none."""
         image = f"{IMAGE_REPOSITORY}:{tag}"
 
         def ready(pod: dict[str, Any]) -> bool:
@@ -239,7 +242,31 @@ class Checks:
             problems += runner.finish(self.ctx, run)
         except Exception as exc:
             problems.append(f"pool {release.pool}: a claim was not prepared there: {exc}")
-        return problems
+        return problems + self.validate(release, tag)
+
+    def validate(self, release: Release, tag: str) -> list[str]:
+        """``dra-gpu validate --node`` for the pool's node, as the chart's validation Job runs
+        it: every check must pass and the Node must then carry ``gpu.nvidia.com/validated=<tag>``
+        (the plugin image's tag). Its report goes to the log."""
+        node = self.env.nodes[release.node]
+        argv = [sys.executable, "-m", "dra_gpu", "validate", "--node", release.node]
+        argv += ["--kubeconfig", str(self.env.kubeconfig()), "--cdi-root", str(node.cdi_root)]
+        argv += ["--image", node_images.TEST_IMAGE, "--timeout", f"{TIMEOUT_S:g}"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=6 * TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return [f"pool {release.pool}: dra-gpu validate --node {release.node} did not end"]
+        for line in done.stdout.splitlines():
+            self.log(f"[validate] {line}")
+        if done.returncode != 0:
+            failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+            why = "; ".join(failed) or done.stderr.strip()[-500:]
+            return [f"pool {release.pool}: dra-gpu validate --node {release.node} failed: {why}"]
+        labels = self.kube.as_dict(self.kube.core.read_node(release.node))["metadata"]["labels"]
+        recorded = labels.get(VALIDATED_LABEL)
+        if recorded != tag:
+            return [f"pool {release.pool}: {release.node} labelled {VALIDATED_LABEL}={recorded}"]
+        return []
 
     def rollout(
         self, tag: str, *, canary_tag: str | None = None
