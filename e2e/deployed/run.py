@@ -17,11 +17,13 @@ kube-proxy), then runs these checks in order and prints one line per check and a
   upgraded to an image tag no node has; its gate fails, so the rollout stops there: the other
   pool keeps the old version and its claims, the canary's old plugin keeps serving (the rollout
   surges), and the canary is rolled back (not with ``--upgrade-from``: no pools then);
-- ``upgrade``: with pods holding claims running, ``helm upgrade`` pool by pool to the second
-  image tag, the canary first and the rest only once the canary passed its gate (``pool_gate``:
-  plugin pods Ready on the new image and registered with the kubelet, the node's slices those
-  ``dra-gpu discover`` predicts, a claim prepared there); pods are created throughout the
-  rollout; afterwards every plugin pod runs the new
+- ``upgrade``: with pods holding claims running (every full GPU of the canary among them),
+  ``helm upgrade`` pool by pool to the second image tag, the canary first and the rest only once
+  the canary passed its gate (``pool_gate``: plugin pods Ready on the new image and registered
+  with the kubelet, the node's slices those ``dra-gpu discover`` predicts, a claim prepared
+  there, and ``dra-gpu validate --node`` passing, its check claim with admin access since no
+  device of its class is free, the Node then labelled ``gpu.nvidia.com/validated=<new tag>``);
+  pods are created throughout the rollout; afterwards every plugin pod runs the new
   image, no pod got a ``FailedPrepareDynamicResources`` event, every pod created during the rollout
   ran, the claims prepared before it are unprepared by the new plugins when their pods go, and a
   pod created after it runs; the nodes' ``checkpoint.json`` still hold the claims prepared
@@ -115,6 +117,8 @@ class Report:
 class Checks:
     def __init__(self, env: DeployedEnv, report: Report, log: Callable[[str], None]) -> None:
         self.env, self.report, self.log = env, report, log
+        # Node -> (full GPUs workloads held, full GPUs) when validate last started there.
+        self.held_when_validated: dict[str, tuple[int, int]] = {}
         self.kube = Kube(env.cluster.api_client())
         cdi = tuple(node.cdi_root for node in env.nodes.values())
         self.ctx = runner.Context(
@@ -246,8 +250,16 @@ class Checks:
 
     def validate(self, release: Release, tag: str) -> list[str]:
         """``dra-gpu validate --node`` for the pool's node, as the chart's validation Job runs
-        it: every check must pass and the Node must then carry ``gpu.nvidia.com/validated=<tag>``
-        (the plugin image's tag). Its report goes to the log."""
+        it: every check must pass, its check claim with admin access (the release namespace
+        carries the label), and the Node must then carry ``gpu.nvidia.com/validated=<tag>``
+        (the plugin image's tag). Its report goes to the log, with how many of the node's full
+        GPUs workloads held when it started (``held_when_validated``)."""
+        held, gpus = self.held_gpus(release.node)
+        self.held_when_validated[release.node] = (len(held), len(gpus))
+        self.log(
+            f"[validate] {release.node}: full GPUs held by workloads: {len(held)} of {len(gpus)} "
+            f"({', '.join(sorted(held)) or '-'})"
+        )
         node = self.env.nodes[release.node]
         argv = [sys.executable, "-m", "dra_gpu", "validate", "--node", release.node]
         argv += ["--kubeconfig", str(self.env.kubeconfig()), "--cdi-root", str(node.cdi_root)]
@@ -262,11 +274,30 @@ class Checks:
             failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
             why = "; ".join(failed) or done.stderr.strip()[-500:]
             return [f"pool {release.pool}: dra-gpu validate --node {release.node} failed: {why}"]
+        pod_line = next((x for x in done.stdout.splitlines() if x.startswith("PASS  pod")), "")
+        if not pod_line.endswith(validate_steps.claim_access(None)):
+            return [f"pool {release.pool}: validate's check claim had no admin access: {pod_line}"]
         labels = self.kube.as_dict(self.kube.core.read_node(release.node))["metadata"]["labels"]
         recorded = labels.get(VALIDATED_LABEL)
         if recorded != tag:
             return [f"pool {release.pool}: {release.node} labelled {VALIDATED_LABEL}={recorded}"]
         return []
+
+    def held_gpus(self, node: str) -> tuple[set[str], set[str]]:
+        """(the node's full GPUs that workloads' claims hold, all its full GPUs)."""
+        gpus = {
+            d["name"]
+            for s in self.node_slices(node)
+            for d in s["spec"].get("devices") or []
+            if ((d.get("attributes") or {}).get("type") or {}).get("string") == "gpu"
+        }
+        held = set()
+        for claim in self.kube.all_claims():
+            allocation = (claim.get("status") or {}).get("allocation") or {}
+            for r in (allocation.get("devices") or {}).get("results") or []:
+                if r.get("pool") == node and r["device"] in gpus and not r.get("adminAccess"):
+                    held.add(r["device"])
+        return held, gpus
 
     def rollout(
         self, tag: str, *, canary_tag: str | None = None
@@ -463,7 +494,14 @@ class Checks:
         return problems
 
     def upgrade(self) -> list[str]:
-        holding = [self.start_running("one-gpu"), self.start_running("mig-by-profile")]
+        canary = ROLLOUT_ORDER[0]
+        # Every full GPU of the canary held (a100x4-mig has one, gpu-0; the rest are MIG
+        # devices), so the canary's gate validates a node with no device of its class free.
+        holding = [
+            self.start_running("one-gpu", self.on_pool(canary)),
+            self.start_running("one-gpu"),
+            self.start_running("mig-by-profile"),
+        ]
         held = self.held_claims(holding)
         failed_prepares: list[str] = []
         stop = threading.Event()
@@ -563,6 +601,11 @@ class Checks:
             if images != {f"dra-gpu:{TAGS[1]}"}:
                 problems.append(f"{release.name}: plugin images after the upgrade {images}")
         problems += self._checkpoints_kept(held)
+        if self.env.pools:
+            busy, gpus = self.held_when_validated.get(canary.node, (0, 0))
+            self.report.figures[f"full GPUs of the canary held when validated ({gpus})"] = busy
+            if not gpus or busy < gpus:
+                problems.append(f"the canary was validated with {busy} of {gpus} full GPUs held")
         for run in [*holding, *live]:
             problems += runner.finish(self.ctx, run)
         problems += self._unprepared_by_new(holding)
