@@ -5,8 +5,8 @@ Cases: on ``gpu-h200`` (eight simulated H200, GFD's labels on) validate prints P
 plugin (its /readyz: registered with the kubelet), slices (matching the node labels), pod (the
 check pod saw exactly its device; its claim an ordinary one, since ``default`` lacks the
 admin-access label, the line saying how to add it) and cdi (the claim's spec gone after the
-pod), exits 0, labels the node ``gpu.nvidia.com/validated=<version>`` and posts a ``GpuNodeValidated`` Event;
-nothing it created is left.
+pod), exits 0, labels the node ``gpu.nvidia.com/validated=<version>`` and posts a
+``GpuNodeValidated`` Event; nothing it created is left.
 """
 
 from __future__ import annotations
