@@ -19,10 +19,11 @@ allocated GPU's UUID.
 
 The check claim asks for admin access (:func:`claim`): the scheduler then allocates a device
 that workloads hold, and the plugin prepares it next to them, so a node whose every GPU is
-busy is validated without taking one from a workload. The API server grants it only in a
-namespace labelled :data:`ADMIN_NAMESPACE_LABEL` ``"true"`` (Kubernetes 1.33 on; beta and on
-by default from 1.34, GA from 1.36); elsewhere the claim is an ordinary one
-(:func:`admin_access_refused`, :func:`admin_access_kept`) and needs a free device.
+busy is validated without taking one from a workload. The API server grants it (feature
+DRAAdminAccess: beta and on by default from Kubernetes 1.34, GA from 1.36) only in a namespace
+labelled :data:`ADMIN_NAMESPACE_LABEL` ``"true"`` (required since 1.33); elsewhere the claim is
+an ordinary one (:func:`admin_access_refused`, :func:`admin_access_kept`) and needs a free
+device.
 """
 
 from __future__ import annotations
@@ -305,8 +306,8 @@ def judge_pending(
     if not scheduled:
         if ordinary_because is None:
             # Admin access takes a device that workloads hold: busy devices are not the cause,
-            # except where devices consume shared counters (partitionable devices, dynamic MIG):
-            # the scheduler still wants the counters free (kubernetes/kubernetes#140729).
+            # except where devices consume shared counters (MIG placements of dynamic MIG): the
+            # scheduler still wants the counters free (kubernetes/kubernetes#140729).
             why = (
                 "the check claim had admin access, so a device held by workloads would do: no "
                 "device of its class on the node matches, or it is tainted, or (dynamic MIG) "
