@@ -216,7 +216,7 @@ def test_the_check_claim_asks_for_admin_access_unless_told_not_to() -> None:
 # The API server's answer (Kubernetes 1.37.2) to a claim with admin access in a namespace
 # without the label; tests/cluster/test_validate.py checks it against a real one.
 REFUSED = (
-    'ResourceClaim.resource.k8s.io "c" is invalid: spec.devices.requests[0].exactly.adminAccess: '
+    'ResourceClaim.resource.k8s.io "c" is invalid: spec.devices.requests[0].adminAccess: '
     "Forbidden: admin access to devices requires the `resource.kubernetes.io/admin-access: true` "
     "label on the containing namespace"
 )
