@@ -67,6 +67,9 @@ class ClaimDevice:
     mig_profile: str | None = None
     gi_id: int | None = None
     ci_id: int | None = None
+    # Allocated with admin access (next to the claims that hold it): said in the environment, so
+    # a record rebuilt from the spec still knows the device is not this claim's alone.
+    admin_access: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,8 @@ def device_env(device: ClaimDevice, claim_ref: str) -> list[str]:
     ]
     if device.mig_profile is not None:
         env.append(f"{prefix}_MIG_PROFILE={device.mig_profile}")
+    if device.admin_access:
+        env.append(f"{prefix}_ADMIN_ACCESS=true")
     return env + _sharing_env(prefix, device.config)
 
 

@@ -269,7 +269,9 @@ def plan_claim(
             pool=pool,
             share_id=str(share_id) if share_id else None,
             admin_access=bool(result.get("adminAccess")),
-            cdi=_claim_device(ref, device, config),
+            cdi=replace(
+                _claim_device(ref, device, config), admin_access=bool(result.get("adminAccess"))
+            ),
             consumed=_consumed(ref, result),
         )
     return ClaimPlan(ref=ref, devices=tuple(by_device.values()))

@@ -85,6 +85,7 @@ def claim_devices(record: ClaimRecord) -> list[cdi.ClaimDevice]:
                 mig_profile=d.mig_profile,
                 gi_id=d.gi_id,
                 ci_id=d.ci_id,
+                admin_access=d.admin_access,
             )
         )
     return out
@@ -112,9 +113,10 @@ def record_from_spec(uid: ClaimUID, spec: Mapping[str, Any], *, pool: str) -> Cl
     """The record of a prepared claim as far as its CDI spec tells; raises ValueError.
 
     The spec names the claim's devices (``<uid>-<device>``), and its environment the claim
-    (``<ns>/<name>``) and each device's UUID, type, product and MIG profile. It does not hold the
-    request names, share IDs or config: the record is marked ``from_spec``, its devices are
-    shared in the conflict check only with allocations that carry a share ID, and a repeated
+    (``<ns>/<name>``) and each device's UUID, type, product, MIG profile and admin access (a
+    device held with admin access is never exclusive). It does not hold the request names,
+    share IDs or config: the record is marked ``from_spec``, its other devices are shared in the
+    conflict check only with allocations that carry a share ID, and a repeated
     prepare plans the claim again instead of answering from it. Specs are only written for
     devices of this node, so ``pool`` is this node's.
     """
@@ -147,6 +149,7 @@ def record_from_spec(uid: ClaimUID, spec: Mapping[str, Any], *, pool: str) -> Cl
                 uuid=env.get(f"{key}_UUID"),
                 product_name=env.get(f"{key}_PRODUCT"),
                 mig_profile=env.get(f"{key}_MIG_PROFILE"),
+                admin_access=env.get(f"{key}_ADMIN_ACCESS") == "true",
             )
         )
     namespace, _, name = claim_ref.partition("/")

@@ -9,7 +9,11 @@ One line per check with its verdict (``validate.steps`` judges, this module read
 3. ``slices``: the node's ResourceSlices of the driver are published, complete, and agree with
    the plugin's discovery (its node labels ``nvidia.com/gpu.count`` and ``gpu.product``);
 4. ``pod``: a pod with a claim of one device, on that node, starts, and its container sees
-   exactly its device (the CDI environment and device nodes; on real GPUs ``nvidia-smi -L``);
+   exactly its device (the CDI environment and device nodes; on real GPUs ``nvidia-smi -L``).
+   The claim asks for admin access, so a device that workloads hold will do (a busy node is
+   validated without taking a GPU from them); where the API server does not grant it (the
+   namespace lacks the label ``resource.kubernetes.io/admin-access=true``, or the feature is
+   off) the claim is an ordinary one, needs a free device, and the line says why;
 5. ``cdi``: once the pod is deleted, the claim's CDI spec is gone from the node's CDI root (a
    pod listing it, read-only).
 
@@ -68,7 +72,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--namespace",
         default=None,
         help="where the check pods and claim go (default: the plugin pod's namespace, which "
-        "admits the CDI pod's read-only hostPath; else default)",
+        "admits the CDI pod's read-only hostPath; else default); labelled "
+        "resource.kubernetes.io/admin-access=true, the claim gets admin access and may share a "
+        "device with workloads, else it needs a free device",
     )
     parser.add_argument(
         "--image",
@@ -170,6 +176,7 @@ class Validation:
         self._node: Mapping[str, Any] = {}
         self._slices: list[Mapping[str, Any]] = []
         self._claim_uid = ""
+        self._ordinary_because: str | None = None  # why the check claim lacks admin access
         self._created: list[str] = []  # paths of the objects this run created
 
     def run(self) -> Outcome:
@@ -262,7 +269,7 @@ class Validation:
     def _check_pod(self, _: Outcome) -> Verdict:
         ns = self._namespace
         claims = f"/apis/resource.k8s.io/v1/namespaces/{quote(ns)}/resourceclaims"
-        self._create(claims, steps.claim(self._claim, self._o.device_class))
+        self._ordinary_because = self._create_claim(claims)
         pod = steps.check_pod(self._pod, self._o.node, self._claim, self._o.image)
         self._create(f"/api/v1/namespaces/{quote(ns)}/pods", pod)
         report = self._wait_log(self._pod, steps.parse_report)
@@ -278,7 +285,9 @@ class Validation:
             for name_, device in published.devices.items()
             if _attr(device, "uuid")
         }
-        verdict = steps.judge_container(report, allocated, uuids, name)
+        verdict = steps.judge_container(
+            report, allocated, uuids, name, ordinary_because=self._ordinary_because
+        )
         self._delete_pod(self._pod)
         return verdict
 
@@ -302,6 +311,25 @@ class Validation:
         return verdict
 
     # --- helpers ------------------------------------------------------------------------------
+
+    def _create_claim(self, claims: str) -> str | None:
+        """Create the check claim, with admin access where the API server grants it, else an
+        ordinary one. Returns why it is an ordinary one, None when it has admin access."""
+        from dra_gpu.kube import errors
+
+        body = steps.claim(self._claim, self._o.device_class)
+        try:
+            created = self._client.request("POST", claims, body=body)
+        except errors.ApiError as err:
+            if not steps.admin_access_refused(err.status, err.message):
+                raise
+            ordinary = steps.claim(self._claim, self._o.device_class, admin_access=False)
+            self._create(claims, ordinary)
+            return steps.admin_access_missing_label(self._namespace)
+        self._created.append(f"{claims}/{self._claim}")
+        if not steps.admin_access_kept(created):
+            return steps.ADMIN_ACCESS_NOT_SERVED
+        return None
 
     def _create(self, collection: str, obj: Mapping[str, Any]) -> None:
         from dra_gpu.kube import errors
@@ -351,7 +379,12 @@ class Validation:
             f"/api/v1/namespaces/{quote(ns)}/events",
             query={"fieldSelector": f"involvedObject.name={pod}"},
         )
-        return steps.judge_pending(obj, list(events.get("items") or []), self._o.timeout_s)
+        return steps.judge_pending(
+            obj,
+            list(events.get("items") or []),
+            self._o.timeout_s,
+            ordinary_because=self._ordinary_because,
+        )
 
     def _delete_pod(self, pod: str) -> None:
         """Delete the pod and wait until it is gone (the kubelet unprepared its claim)."""

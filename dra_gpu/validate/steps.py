@@ -16,6 +16,14 @@ and :func:`judge_container` holds it against the claim's allocation: the CDI env
 exactly the allocated devices (``GPU_DEVICE_<key>=<name>``), the device nodes are exactly those
 of their GPUs plus the control nodes, and on a real GPU ``nvidia-smi -L`` lists exactly the
 allocated GPU's UUID.
+
+The check claim asks for admin access (:func:`claim`): the scheduler then allocates a device
+that workloads hold, and the plugin prepares it next to them, so a node whose every GPU is
+busy is validated without taking one from a workload. The API server grants it (feature
+DRAAdminAccess: beta and on by default from Kubernetes 1.34, GA from 1.36) only in a namespace
+labelled :data:`ADMIN_NAMESPACE_LABEL` ``"true"`` (required since 1.33); elsewhere the claim is
+an ordinary one (:func:`admin_access_refused`, :func:`admin_access_kept`) and needs a free
+device.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ JSON = dict[str, Any]
 PLUGIN_SELECTOR = "app.kubernetes.io/name=dra-gpu,app.kubernetes.io/component=kubelet-plugin"
 CONTROL_NODES = frozenset({"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"})
 _GPU_MINOR = re.compile(r"^gpu-(\d+)(?:-mig-|$)")
+# The Namespace label under which the API server admits claims with admin access.
+ADMIN_NAMESPACE_LABEL = "resource.kubernetes.io/admin-access"
 _SMI_UUID = re.compile(r"\(UUID: (?P<uuid>(?:GPU|MIG)-[^)\s]+)\)")
 REPORT_SCRIPT = (
     'echo "== env"; env | sort; '
@@ -225,9 +235,15 @@ def gpu_minor(device: str) -> int | None:
 
 
 def judge_container(
-    report: Report, allocated: Sequence[str], uuids: Mapping[str, str], pod: str
+    report: Report,
+    allocated: Sequence[str],
+    uuids: Mapping[str, str],
+    pod: str,
+    *,
+    ordinary_because: str | None = None,
 ) -> Verdict:
-    """The container saw exactly its allocated devices."""
+    """The container saw exactly its allocated devices. ``ordinary_because``: why the check
+    claim is an ordinary one (None: it had admin access); the line says which."""
     from dra_gpu.prepare.cdi import env_prefix  # loads pydantic: not at --help
 
     step = "pod"
@@ -256,13 +272,26 @@ def judge_container(
             "(docs/user/troubleshooting.md: container sees no GPU)",
         )
     smi = f", nvidia-smi -L: {report.smi_uuids[0]}" if len(report.smi_uuids) == 1 else ""
-    return passed(step, f"pod {pod} saw exactly {', '.join(allocated)}{smi}")
+    access = claim_access(ordinary_because)
+    return passed(step, f"pod {pod} saw exactly {', '.join(allocated)}{smi}; {access}")
+
+
+def claim_access(ordinary_because: str | None) -> str:
+    """How the check claim reached its device, for the pod line."""
+    if ordinary_because is None:
+        return "its claim had admin access"
+    return f"its claim was an ordinary one ({ordinary_because})"
 
 
 def judge_pending(
-    pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]], waited_s: float
+    pod: Mapping[str, Any],
+    events: Sequence[Mapping[str, Any]],
+    waited_s: float,
+    *,
+    ordinary_because: str | None = None,
 ) -> Verdict:
-    """The check pod did not run in time: where it stopped, from its status and Events."""
+    """The check pod did not run in time: where it stopped, from its status and Events.
+    ``ordinary_because``: why the check claim had no admin access (None: it had)."""
     status = pod.get("status") or {}
     name = f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}"
     scheduled = any(
@@ -275,14 +304,27 @@ def judge_pending(
         if e.get("type") == "Warning"
     )
     if not scheduled:
+        if ordinary_because is None:
+            # Admin access takes a device that workloads hold: busy devices are not the cause,
+            # except where devices consume shared counters (MIG placements of dynamic MIG): the
+            # scheduler still wants the counters free (kubernetes/kubernetes#140729).
+            why = (
+                "the check claim had admin access, so a device held by workloads would do: no "
+                "device of its class on the node matches, or it is tainted, or (dynamic MIG) "
+                "its counters are taken (Kubernetes issue 140729)"
+            )
+        else:
+            # An ordinary claim needs a device of its class free on the node: a node whose
+            # devices are all allocated to workloads cannot be validated (seen in an upgrade).
+            why = (
+                "validate needs one free device of its class on the node: its claim was an "
+                f"ordinary one ({ordinary_because})"
+            )
         return failed(
             "pod",
             f"pod {name} not scheduled after {waited_s:.0f}s: {said or 'no Events'}",
             layer="3. allocation",
-            # The check claim needs a device of its class free on the node: a node whose
-            # devices are all allocated to workloads cannot be validated (seen in an upgrade).
-            look=f"kubectl describe pod {_logs_of(name)}; dra-gpu explain on the claim; "
-            "validate needs one free device of its class on the node",
+            look=f"kubectl describe pod {_logs_of(name)}; dra-gpu explain on the claim; {why}",
         )
     return failed(
         "pod",
@@ -318,15 +360,47 @@ def judge_cdi(listing: str, claim_uid: str, cdi_root: str) -> Verdict:
 # --- the objects ----------------------------------------------------------------------------
 
 
-def claim(name: str, device_class: str) -> JSON:
+def claim(name: str, device_class: str, *, admin_access: bool = True) -> JSON:
+    """The check claim: one device of ``device_class``; with ``admin_access`` one that
+    workloads may hold too (the claim's namespace must carry :data:`ADMIN_NAMESPACE_LABEL`)."""
+    exactly: JSON = {"deviceClassName": device_class}
+    if admin_access:
+        exactly["adminAccess"] = True
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "dra-gpu-validate"}},
-        "spec": {
-            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}
-        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
     }
+
+
+def admin_access_refused(status: int | None, message: str) -> bool:
+    """Whether the API server refused the claim only for its admin access: the namespace
+    lacks the label (``admin access to devices requires the `resource.kubernetes.io/admin-access:
+    true` label on the containing namespace``, a 422 Invalid)."""
+    return status in (403, 422) and ADMIN_NAMESPACE_LABEL in message
+
+
+def admin_access_kept(created: Mapping[str, Any]) -> bool:
+    """Whether the claim the API server created still asks for admin access: one with the
+    DRAAdminAccess feature off (Kubernetes 1.32-1.33 by default, or switched off on 1.34-1.35)
+    drops the field without a word, and the claim is an ordinary one."""
+    requests = ((created.get("spec") or {}).get("devices") or {}).get("requests") or []
+    return any(bool((r.get("exactly") or {}).get("adminAccess")) for r in requests)
+
+
+def admin_access_missing_label(namespace: str) -> str:
+    """Why the check claim is an ordinary one when its namespace lacks the label."""
+    return (
+        f"no admin access: namespace {namespace} lacks the label {ADMIN_NAMESPACE_LABEL}=true; "
+        f"kubectl label namespace {namespace} {ADMIN_NAMESPACE_LABEL}=true"
+    )
+
+
+ADMIN_ACCESS_NOT_SERVED = (
+    "no admin access: the API server dropped it (feature gate DRAAdminAccess off; on by "
+    "default from Kubernetes 1.34)"
+)
 
 
 def _on_node(node: str) -> JSON:

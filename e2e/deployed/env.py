@@ -12,7 +12,8 @@
 3. starts two real nodes (kubelet + containerd, ``e2e.node``), ``gpu-h200`` and ``gpu-a100``, each
    labelled with the simulated profile its plugin serves, and imports both image archives into
    each node's containerd (``ctr -n k8s.io images import``);
-4. prepares the release namespaces (Pod Security ``privileged``, as docs/user/install.md says) and
+4. prepares the release namespaces (Pod Security ``privileged``, and the label under which
+   ``dra-gpu validate``'s check claim gets admin access, as docs/user/install.md says) and
 the
    webhook's serving certificate (a ``kubernetes.io/tls`` Secret signed by the cluster CA for
    ``dra-gpu-webhook.dra-gpu.svc``; its CA goes to ``webhook.tls.caBundle``).
@@ -45,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_gpu.validate.steps import ADMIN_NAMESPACE_LABEL
 from e2e import helm
 from e2e.cluster import Cluster
 from e2e.deployed import source
@@ -271,6 +273,7 @@ class DeployedEnv:
         self.cluster.kubectl(
             *("label", "--overwrite", "namespace", release.name),
             "pod-security.kubernetes.io/enforce=privileged",
+            f"{ADMIN_NAMESPACE_LABEL}=true",  # validate's check claim: admin access
         )
         if release.webhook:
             service = f"{release.name}-webhook"

@@ -17,11 +17,13 @@ kube-proxy), then runs these checks in order and prints one line per check and a
   upgraded to an image tag no node has; its gate fails, so the rollout stops there: the other
   pool keeps the old version and its claims, the canary's old plugin keeps serving (the rollout
   surges), and the canary is rolled back (not with ``--upgrade-from``: no pools then);
-- ``upgrade``: with pods holding claims running, ``helm upgrade`` pool by pool to the second
-  image tag, the canary first and the rest only once the canary passed its gate (``pool_gate``:
-  plugin pods Ready on the new image and registered with the kubelet, the node's slices those
-  ``dra-gpu discover`` predicts, a claim prepared there); pods are created throughout the
-  rollout; afterwards every plugin pod runs the new
+- ``upgrade``: with pods holding claims running (every full GPU of the canary among them),
+  ``helm upgrade`` pool by pool to the second image tag, the canary first and the rest only once
+  the canary passed its gate (``pool_gate``: plugin pods Ready on the new image and registered
+  with the kubelet, the node's slices those ``dra-gpu discover`` predicts, a claim prepared
+  there, and ``dra-gpu validate --node`` passing, its check claim with admin access since no
+  device of its class is free, the Node then labelled ``gpu.nvidia.com/validated=<new tag>``);
+  pods are created throughout the rollout; afterwards every plugin pod runs the new
   image, no pod got a ``FailedPrepareDynamicResources`` event, every pod created during the rollout
   ran, the claims prepared before it are unprepared by the new plugins when their pods go, and a
   pod created after it runs; the nodes' ``checkpoint.json`` still hold the claims prepared
@@ -63,7 +65,9 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
+from dra_gpu import DRIVER_NAME
 from dra_gpu.controller.classes import GPU_CLASS, MIG_CLASS
+from dra_gpu.validate import steps as validate_steps
 from e2e.cluster import ClusterError
 from e2e.deployed import node_state
 from e2e.deployed.env import (
@@ -77,6 +81,7 @@ from e2e.deployed.env import (
     DeployedEnv,
     Release,
 )
+from e2e.images import node_images
 from e2e.suite import runner
 from e2e.suite.kube import RESOURCE, Kube, load_manifests, wait_for
 from e2e.suite.scenarios import BY_NAME, SCENARIOS
@@ -88,6 +93,7 @@ FAILED_PREPARE = "FailedPrepareDynamicResources"
 PROBES_HELD = 4
 GATE_S = 120.0  # a pool's plugin pods Ready on the new image within this, or the gate fails
 BROKEN_GATE_S = 45.0  # how long the broken canary is given (it never becomes Ready)
+VALIDATED_LABEL = validate_steps.validated_label(DRIVER_NAME)
 
 
 def _stderr(line: str) -> None:
@@ -111,6 +117,8 @@ class Report:
 class Checks:
     def __init__(self, env: DeployedEnv, report: Report, log: Callable[[str], None]) -> None:
         self.env, self.report, self.log = env, report, log
+        # Node -> (full GPUs workloads held, full GPUs) when validate last started there.
+        self.held_when_validated: dict[str, tuple[int, int]] = {}
         self.kube = Kube(env.cluster.api_client())
         cdi = tuple(node.cdi_root for node in env.nodes.values())
         self.ctx = runner.Context(
@@ -191,11 +199,10 @@ class Checks:
     def pool_gate(self, release: Release, tag: str, *, timeout: float = GATE_S) -> list[str]:
         """Whether ``release``'s pool is ready on image ``tag``: its plugin pods all on it and
         Ready, one of them registered with the kubelet, the node's slices those ``dra-gpu
-        discover`` predicts for the pool, and a claim prepared there (a pod with one runs and
-        sees its device, then its claim is unprepared). Problems, or none.
-
-        The seam for ``dra-gpu validate --node`` (issue 43 part 2, another branch): once it
-        lands, this runs it for the pool's node and returns its failed lines."""
+        discover`` predicts for the pool, a claim prepared there (a pod with one runs and sees
+        its device, then its claim is unprepared), and ``dra-gpu validate --node`` passing, as
+        a platform team's rollout would gate on it (its node label then names ``tag``).
+        Problems, or none."""
         image = f"{IMAGE_REPOSITORY}:{tag}"
 
         def ready(pod: dict[str, Any]) -> bool:
@@ -239,7 +246,58 @@ class Checks:
             problems += runner.finish(self.ctx, run)
         except Exception as exc:
             problems.append(f"pool {release.pool}: a claim was not prepared there: {exc}")
-        return problems
+        return problems + self.validate(release, tag)
+
+    def validate(self, release: Release, tag: str) -> list[str]:
+        """``dra-gpu validate --node`` for the pool's node, as the chart's validation Job runs
+        it: every check must pass, its check claim with admin access (the release namespace
+        carries the label), and the Node must then carry ``gpu.nvidia.com/validated=<tag>``
+        (the plugin image's tag). Its report goes to the log, with how many of the node's full
+        GPUs workloads held when it started (``held_when_validated``)."""
+        held, gpus = self.held_gpus(release.node)
+        self.held_when_validated[release.node] = (len(held), len(gpus))
+        self.log(
+            f"[validate] {release.node}: full GPUs held by workloads: {len(held)} of {len(gpus)} "
+            f"({', '.join(sorted(held)) or '-'})"
+        )
+        node = self.env.nodes[release.node]
+        argv = [sys.executable, "-m", "dra_gpu", "validate", "--node", release.node]
+        argv += ["--kubeconfig", str(self.env.kubeconfig()), "--cdi-root", str(node.cdi_root)]
+        argv += ["--image", node_images.TEST_IMAGE, "--timeout", f"{TIMEOUT_S:g}"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=6 * TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return [f"pool {release.pool}: dra-gpu validate --node {release.node} did not end"]
+        for line in done.stdout.splitlines():
+            self.log(f"[validate] {line}")
+        if done.returncode != 0:
+            failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+            why = "; ".join(failed) or done.stderr.strip()[-500:]
+            return [f"pool {release.pool}: dra-gpu validate --node {release.node} failed: {why}"]
+        pod_line = next((x for x in done.stdout.splitlines() if x.startswith("PASS  pod")), "")
+        if not pod_line.endswith(validate_steps.claim_access(None)):
+            return [f"pool {release.pool}: validate's check claim had no admin access: {pod_line}"]
+        labels = self.kube.as_dict(self.kube.core.read_node(release.node))["metadata"]["labels"]
+        recorded = labels.get(VALIDATED_LABEL)
+        if recorded != tag:
+            return [f"pool {release.pool}: {release.node} labelled {VALIDATED_LABEL}={recorded}"]
+        return []
+
+    def held_gpus(self, node: str) -> tuple[set[str], set[str]]:
+        """(the node's full GPUs that workloads' claims hold, all its full GPUs)."""
+        gpus = {
+            d["name"]
+            for s in self.node_slices(node)
+            for d in s["spec"].get("devices") or []
+            if ((d.get("attributes") or {}).get("type") or {}).get("string") == "gpu"
+        }
+        held = set()
+        for claim in self.kube.all_claims():
+            allocation = (claim.get("status") or {}).get("allocation") or {}
+            for r in (allocation.get("devices") or {}).get("results") or []:
+                if r.get("pool") == node and r["device"] in gpus and not r.get("adminAccess"):
+                    held.add(r["device"])
+        return held, gpus
 
     def rollout(
         self, tag: str, *, canary_tag: str | None = None
@@ -436,7 +494,14 @@ class Checks:
         return problems
 
     def upgrade(self) -> list[str]:
-        holding = [self.start_running("one-gpu"), self.start_running("mig-by-profile")]
+        canary = ROLLOUT_ORDER[0]
+        # Every full GPU of the canary held (a100x4-mig has one, gpu-0; the rest are MIG
+        # devices), so the canary's gate validates a node with no device of its class free.
+        holding = [
+            self.start_running("one-gpu", self.on_pool(canary)),
+            self.start_running("one-gpu"),
+            self.start_running("mig-by-profile"),
+        ]
         held = self.held_claims(holding)
         failed_prepares: list[str] = []
         stop = threading.Event()
@@ -536,6 +601,11 @@ class Checks:
             if images != {f"dra-gpu:{TAGS[1]}"}:
                 problems.append(f"{release.name}: plugin images after the upgrade {images}")
         problems += self._checkpoints_kept(held)
+        if self.env.pools:
+            busy, gpus = self.held_when_validated.get(canary.node, (0, 0))
+            self.report.figures[f"full GPUs of the canary held when validated ({gpus})"] = busy
+            if not gpus or busy < gpus:
+                problems.append(f"the canary was validated with {busy} of {gpus} full GPUs held")
         for run in [*holding, *live]:
             problems += runner.finish(self.ctx, run)
         problems += self._unprepared_by_new(holding)

@@ -34,8 +34,8 @@ SELECTOR = "app.kubernetes.io/name=dra-gpu-validate"
 LABEL = validated_label(DRIVER_NAME)
 _VERDICT = re.compile(r"^(?P<verdict>PASS|FAIL|SKIP)  (?P<step>[a-z]+)\b")
 _POD = re.compile(
-    r"^PASS  pod: pod (?P<pod>\S+) saw exactly (?P<devices>.+?)"
-    r"(?:, nvidia-smi -L: (?P<uuid>\S+))?$"
+    r"^PASS  pod: pod (?P<pod>\S+) saw exactly (?P<devices>[^;]+?)"
+    r"(?:, nvidia-smi -L: (?P<uuid>[^\s;]+))?(?:; (?P<access>.+))?$"
 )
 
 

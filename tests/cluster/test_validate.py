@@ -4,7 +4,10 @@ exits 1, and records the failure on a node that exists.
 Cases: a node that does not exist fails the first check naming it, the other checks skipped,
 nothing recorded; a node without the plugin fails the ``plugin`` check naming the node and the
 DaemonSet to look at, its ``validated`` label is removed and a ``GpuNodeValidationFailed``
-Warning Event on the Node says why.
+Warning Event on the Node says why; the check claim, as the API server takes it: in a namespace
+without the label ``resource.kubernetes.io/admin-access=true`` the claim with admin access is
+refused and validate makes an ordinary one, saying how to label the namespace; with the label
+the claim keeps its admin access.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import json
 import subprocess
 import sys
 
+from dra_gpu.kube.client import connect
+from dra_gpu.validate import steps
+from dra_gpu.validate.command import Options, Validation
 from e2e.cluster import Cluster
 
 
@@ -84,3 +90,31 @@ def _version() -> str:
     import dra_gpu
 
     return dra_gpu.__version__
+
+
+def test_the_check_claim_has_admin_access_only_in_a_labelled_namespace(cluster: Cluster) -> None:
+    namespace = "validate-admin"
+    cluster.create_namespace(namespace)
+    client = connect(cluster.kubeconfig)
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+
+    def create() -> tuple[str | None, dict[str, object]]:
+        validation = Validation(client, Options(node="n1", namespace=namespace), say=print)
+        because = validation._create_claim(claims)
+        (made,) = client.request("GET", claims)["items"]
+        validation._clean_up()
+        return because, made
+
+    because, made = create()
+    assert because == (
+        f"no admin access: namespace {namespace} lacks the label "
+        f"resource.kubernetes.io/admin-access=true; "
+        f"kubectl label namespace {namespace} resource.kubernetes.io/admin-access=true"
+    )
+    assert not steps.admin_access_kept(made), "an ordinary claim in its place"
+
+    cluster.kubectl("label", "namespace", namespace, "resource.kubernetes.io/admin-access=true")
+    because, made = create()
+    assert because is None
+    assert steps.admin_access_kept(made)
+    assert client.request("GET", claims)["items"] == [], "validate deletes its claim"

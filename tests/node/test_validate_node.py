@@ -3,9 +3,10 @@ the chart start it: every check passes, one line each, and the result is recorde
 
 Cases: on ``gpu-h200`` (eight simulated H200, GFD's labels on) validate prints PASS for node,
 plugin (its /readyz: registered with the kubelet), slices (matching the node labels), pod (the
-check pod saw exactly its device) and cdi (the claim's spec gone after the pod), exits 0,
-labels the node ``gpu.nvidia.com/validated=<version>`` and posts a ``GpuNodeValidated`` Event;
-nothing it created is left.
+check pod saw exactly its device; its claim an ordinary one, since ``default`` lacks the
+admin-access label, the line saying how to add it) and cdi (the claim's spec gone after the
+pod), exits 0, labels the node ``gpu.nvidia.com/validated=<version>`` and posts a
+``GpuNodeValidated`` Event; nothing it created is left.
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ def test_validate_passes_step_by_step_on_a_real_node(
     ], done.stdout
     assert "matching discovery (8 x NVIDIA-H200)" in lines[2]
     assert "saw exactly gpu-" in lines[3]
+    # ``default`` lacks the admin-access label: an ordinary claim, and the line says how to fix it.
+    assert lines[3].endswith(
+        "its claim was an ordinary one (no admin access: namespace default lacks the label "
+        "resource.kubernetes.io/admin-access=true; "
+        "kubectl label namespace default resource.kubernetes.io/admin-access=true)"
+    ), lines[3]
     assert lines[-1] == f"node {NODE}: validation passed (plugin version {dra_gpu.__version__})"
 
     labels = json.loads(cluster.kubectl("get", "node", NODE, "-o", "json"))["metadata"]["labels"]

@@ -66,7 +66,7 @@ from dra_gpu.prepare import cdi
 from dra_gpu.prepare.cdi_validate import validate_spec
 from dra_gpu.prepare.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, CheckpointStore
 from dra_gpu.prepare.sharing.applied import Sharing, Switches
-from dra_gpu.prepare.sharing.runner import RecordingRunner
+from dra_gpu.prepare.sharing.runner import RecordingRunner, recorded
 from dra_gpu.prepare.state import FAULT_STEPS, SIDE_EFFECT_FAULT_STEPS, DeviceState
 from e2e import waiting
 
@@ -233,6 +233,38 @@ def test_device_of_another_claim_is_refused_unless_shared(env: Env) -> None:
     env.fetcher.add(claim("b", [result("gpu-0", share_id="s2")]))
     out = state.prepare([ref("a"), ref("b")])
     assert [out[ClaimUID(u)].error for u in ("a", "b")] == ["", ""]
+
+
+def test_an_admin_access_claim_shares_a_held_device_and_leaves_the_holder_alone(
+    env: Env,
+) -> None:
+    """``dra-gpu validate``'s check claim (admin access) on a GPU a workload holds with a
+    time-slice interval: prepared next to it in either order; its unprepare leaves the
+    workload's record, spec and interval; after a lost checkpoint both prepare again."""
+    long = gpu_config(
+        sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    )
+    env.fetcher.add(claim("user", [result("gpu-0")], configs=[config(long)]))
+    env.fetcher.add(claim("admin", [result("gpu-0", admin=True)]))
+    commands = env.state_dir / "commands.jsonl"
+    state = env.state(sharing=time_slicing(env))
+    for order in (["user", "admin"], ["admin", "user"]):
+        for uid in order:
+            assert state.prepare([ref(uid)])[ClaimUID(uid)].error == "", (order, uid)
+        assert env.specs() == {"user", "admin"}
+        before = recorded(commands)
+        assert state.unprepare([ref("admin")]) == {"admin": ""}
+        assert env.specs() == {"user"}
+        assert env.checkpoint_claims() == {"user": PREPARE_COMPLETED}
+        assert recorded(commands) == before, "the workload's GPU keeps its interval"
+        assert state.unprepare([ref("user")]) == {"user": ""}
+        assert recorded(commands)[-1].argv[-1] == "0", "the last holder gone: back to Default"
+
+    answers = state.prepare([ref("user"), ref("admin")])
+    (env.state_dir / "checkpoint.json").write_text("{not json")
+    again = env.state(sharing=time_slicing(env))
+    again.start()
+    assert again.prepare([ref("user"), ref("admin")]) == answers
 
 
 def time_slicing(env: Env) -> Sharing:

@@ -6,8 +6,11 @@ slices agreeing with the node labels pass, a count that differs fails naming the
 labels the slices pass and say there was nothing to compare; an incomplete pool fails; the
 container report: exactly the allocated device passes (with nvidia-smi's UUID on a real GPU),
 another device or a missing device node fails naming the layer; an incomplete report is None;
-a leftover CDI spec fails naming unprepare; a pod that was not scheduled blames allocation, one
-that failed to prepare blames the plugin; every line says PASS or FAIL and the step; the
+a leftover CDI spec fails naming unprepare; a pod that was not scheduled blames allocation (with
+an ordinary claim: validate needs a free device; with admin access: not busy devices), one
+that failed to prepare blames the plugin; the check claim asks for admin access; only the API
+server's refusal for the namespace label, or its dropping the field (feature off), makes it an
+ordinary claim, and the pod line says why; every line says PASS or FAIL and the step; the
 validated label and version come from the driver and the image tag; the end-to-end sequence
 against a fake API: a node that does not exist stops at the first step and exits 1.
 """
@@ -127,12 +130,19 @@ def test_the_container_saw_exactly_its_device() -> None:
     report = steps.parse_report(REPORT.format(smi=""))
     assert report is not None
     verdict = steps.judge_container(report, ["gpu-3"], {"gpu-3": "GPU-abc"}, "ns/p")
-    assert verdict.ok and verdict.said == "pod ns/p saw exactly gpu-3"
+    assert verdict.ok
+    assert verdict.said == "pod ns/p saw exactly gpu-3; its claim had admin access"
     smi = "GPU 0: NVIDIA H200 (UUID: GPU-abc)\n"
     real = steps.parse_report(REPORT.format(smi=smi))
     assert real is not None and real.smi_uuids == ("GPU-abc",)
-    ok = steps.judge_container(real, ["gpu-3"], {"gpu-3": "GPU-abc"}, "ns/p")
-    assert ok.ok and ok.said.endswith("nvidia-smi -L: GPU-abc")
+    ok = steps.judge_container(
+        real, ["gpu-3"], {"gpu-3": "GPU-abc"}, "ns/p", ordinary_because="no admin access: why"
+    )
+    assert ok.ok
+    assert ok.said == (
+        "pod ns/p saw exactly gpu-3, nvidia-smi -L: GPU-abc; "
+        "its claim was an ordinary one (no admin access: why)"
+    )
 
 
 def test_the_container_saw_something_else() -> None:
@@ -160,14 +170,15 @@ def test_a_leftover_cdi_spec_blames_unprepare() -> None:
 
 
 @pytest.mark.parametrize(
-    ("scheduled", "event", "layer"),
+    ("scheduled", "event", "layer", "ordinary_because"),
     [
-        ("False", ("FailedScheduling", "cannot allocate all claims"), "3. allocation"),
-        ("True", ("FailedPrepareDynamicResources", "prepare failed"), "4. prepare"),
+        ("False", ("FailedScheduling", "cannot allocate all claims"), "3. allocation", "why"),
+        ("False", ("FailedScheduling", "cannot allocate all claims"), "3. allocation", None),
+        ("True", ("FailedPrepareDynamicResources", "prepare failed"), "4. prepare", None),
     ],
 )
 def test_a_pod_that_did_not_run_names_where_it_stopped(
-    scheduled: str, event: tuple[str, str], layer: str
+    scheduled: str, event: tuple[str, str], layer: str, ordinary_because: str | None
 ) -> None:
     pod = {
         "metadata": {"name": "p", "namespace": "ns"},
@@ -177,12 +188,99 @@ def test_a_pod_that_did_not_run_names_where_it_stopped(
         },
     }
     events = [{"type": "Warning", "reason": event[0], "message": event[1]}]
-    verdict = steps.judge_pending(pod, events, 30)
+    verdict = steps.judge_pending(pod, events, 30, ordinary_because=ordinary_because)
     assert not verdict.ok and verdict.layer == layer
     assert event[1] in verdict.said
     assert verdict.look.startswith("kubectl describe pod -n ns p;"), verdict.look
-    if scheduled == "False":  # e.g. every device of the node allocated to workloads
-        assert "validate needs one free device of its class on the node" in verdict.look
+    free = "validate needs one free device of its class on the node: its claim was an ordinary"
+    if scheduled == "False" and ordinary_because:  # every device allocated to workloads?
+        assert free + " one (why)" in verdict.look
+    elif scheduled == "False":  # admin access: busy devices are not the cause
+        assert free not in verdict.look
+        assert "a device held by workloads would do" in verdict.look
+
+
+def test_the_check_claim_asks_for_admin_access_unless_told_not_to() -> None:
+    admin = steps.claim("c", "gpu.nvidia.com")
+    assert admin["spec"]["devices"]["requests"] == [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "adminAccess": True}}
+    ]
+    assert steps.admin_access_kept(admin)
+    ordinary = steps.claim("c", "gpu.nvidia.com", admin_access=False)
+    assert ordinary["spec"]["devices"]["requests"] == [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+    ]
+    assert not steps.admin_access_kept(ordinary), "what an API server without the feature returns"
+
+
+# The API server's answer (Kubernetes 1.37.2) to a claim with admin access in a namespace
+# without the label; tests/cluster/test_validate.py checks it against a real one.
+REFUSED = (
+    'ResourceClaim.resource.k8s.io "c" is invalid: spec.devices.requests[0].adminAccess: '
+    "Forbidden: admin access to devices requires the `resource.kubernetes.io/admin-access: true` "
+    "label on the containing namespace"
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "refused"),
+    [
+        (422, REFUSED, True),
+        (403, 'resourceclaims is forbidden: User "u" cannot create resource', False),
+        (422, 'ResourceClaim.resource.k8s.io "c" is invalid: spec.devices.requests', False),
+        (None, "connection refused", False),
+    ],
+)
+def test_only_a_refusal_for_the_namespace_label_falls_back_to_an_ordinary_claim(
+    status: int | None, message: str, refused: bool
+) -> None:
+    assert steps.admin_access_refused(status, message) is refused
+
+
+class ClaimApi:
+    """An API server that refuses claims with admin access (``refuse``) or drops the field
+    (``drop``), and records the claims it created."""
+
+    def __init__(self, *, refuse: bool = False, drop: bool = False) -> None:
+        self.refuse, self.drop = refuse, drop
+        self.created: list[dict[str, Any]] = []
+
+    def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
+        from dra_gpu.kube import errors
+
+        assert method == "POST" and path.endswith("/resourceclaims"), (method, path)
+        asks = steps.admin_access_kept(body)
+        if asks and self.refuse:
+            raise errors.ApiError(REFUSED, status=422, reason="Invalid")
+        if asks and self.drop:
+            body = steps.claim(body["metadata"]["name"], "gpu.nvidia.com", admin_access=False)
+        self.created.append(body)
+        return dict(body)
+
+
+@pytest.mark.parametrize(
+    ("api", "because"),
+    [
+        (ClaimApi(), None),
+        (
+            ClaimApi(refuse=True),
+            "no admin access: namespace gpu-ops lacks the label "
+            "resource.kubernetes.io/admin-access=true; "
+            "kubectl label namespace gpu-ops resource.kubernetes.io/admin-access=true",
+        ),
+        (ClaimApi(drop=True), steps.ADMIN_ACCESS_NOT_SERVED),
+    ],
+    ids=["granted", "namespace-without-label", "feature-off"],
+)
+def test_without_admin_access_the_claim_is_an_ordinary_one_saying_why(
+    api: ClaimApi, because: str | None
+) -> None:
+    validation = Validation(api, Options(node="n1", namespace="gpu-ops"), say=print)  # type: ignore[arg-type]
+    assert validation._create_claim(
+        "/apis/resource.k8s.io/v1/namespaces/gpu-ops/resourceclaims"
+    ) == (because)
+    (created,) = api.created
+    assert steps.admin_access_kept(created) is (because is None)
 
 
 def test_the_recorded_label_and_version() -> None:
