@@ -12,9 +12,11 @@ devices; a device with ``allowMultipleAllocations`` stays free for the claim whi
 claims allocated on it consumed leaves enough; the report then names the most any matching
 device has left.
 
+``adminAccess`` requests (``dra-gpu validate``'s check claim is one) get devices other claims
+hold, as the scheduler gives them; a device allocated with admin access is not held for others.
+
 Not modelled (named in the report when they matter): shared counters (partitionable devices),
-pools with a ``nodeSelector`` (treated as reaching every node),
-``adminAccess`` requests (counted as ordinary ones).
+pools with a ``nodeSelector`` (treated as reaching every node).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Need:
     count: int
     tolerations: tuple[DeviceToleration, ...]
     capacity: Mapping[str, Any] = field(default_factory=dict)  # capacity.requests
+    admin_access: bool = False  # may take a device other claims hold
 
 
 @dataclass
@@ -150,7 +153,8 @@ def devices_of(slices: Iterable[ResourceSlice]) -> list[Device]:
 
 
 def allocations(claims: Iterable[ResourceClaim], *, except_uid: str | None) -> dict[DeviceKey, str]:
-    """Device -> ``namespace/name`` of the claim it is allocated to."""
+    """Device -> ``namespace/name`` of the claim it is allocated to (an allocation with admin
+    access holds nothing: others may still get the device)."""
     out: dict[DeviceKey, str] = {}
     for c in claims:
         meta = c.get("metadata") or {}
@@ -158,6 +162,8 @@ def allocations(claims: Iterable[ResourceClaim], *, except_uid: str | None) -> d
             continue
         alloc = ((c.get("status") or {}).get("allocation") or {}).get("devices") or {}
         for r in alloc.get("results") or ():
+            if r.get("adminAccess"):
+                continue
             owner = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
             out[(r["driver"], r["pool"], r["device"])] = owner
     return out
@@ -181,6 +187,7 @@ def _need(name: str, spec: ExactDeviceRequest) -> Need:
         count=int(spec.get("count") or 1),
         tolerations=tuple(spec.get("tolerations") or ()),
         capacity=dict((spec.get("capacity") or {}).get("requests") or {}),
+        admin_access=bool(spec.get("adminAccess")),
     )
 
 
@@ -290,7 +297,7 @@ def _count_need(
                 short[name] = (amount, free, device.key, device.node)
         if device.shared and not lacking and not _blocking_taint(device, need.tolerations):
             counts.free.append(device.key)  # allocated to others, with enough left for this
-        elif device.key in allocated or lacking:
+        elif (device.key in allocated and not need.admin_access) or lacking:
             counts.allocated += 1
             _record(failures.setdefault(("allocated", 0), Failure("allocated", None)), device, None)
         elif _blocking_taint(device, need.tolerations):

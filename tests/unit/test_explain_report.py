@@ -115,6 +115,22 @@ def test_counts_per_node_exclude_devices_of_other_claims() -> None:
     assert any("wait for those claims" in s and "ns/busy" in s for s in report.suggestions)
 
 
+def test_admin_access_takes_devices_others_hold_and_holds_none_itself() -> None:
+    """validate's check claim: on a node whose GPUs are all held it still fits, and while it
+    is allocated the workloads' claims do not count its device as taken."""
+    admin = gpus(8, f"{A}.productName == 'NVIDIA H200'")
+    admin["exactly"]["adminAccess"] = True
+    report = explain([admin])
+    assert report.fits == ["h200"]
+    counts = {c.node: (c.allocated, c.available) for c in report.requests[0].nodes}
+    assert counts["h200"] == (0, 8)
+    checker = cast(ResourceClaim, json.loads(json.dumps(BUSY)))
+    checker["metadata"] = {"namespace": "ns", "name": "check", "uid": "k"}
+    for r in checker["status"]["allocation"]["devices"]["results"]:
+        r["adminAccess"] = True
+    assert analysis.allocations([checker], except_uid=None) == {}
+
+
 def test_first_failing_selector_names_the_values_devices_have() -> None:
     report = explain([gpus(1, f"{A}.productName == 'NVIDIA B200'")])
     (failure,) = report.requests[0].failures[:1]
