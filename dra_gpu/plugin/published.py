@@ -17,6 +17,8 @@ from dra_gpu.kubeletplugin import slices
 
 JSON = dict[str, Any]
 FIRST_GENERATION = 1  # the pool generation of a node's first publish
+MIG_CREATED = "mig-created"
+MIG_FAILED = "mig-failed"
 
 
 def mig_binding_conditions(driver_name: str) -> slices.BindingConditions:
@@ -25,10 +27,6 @@ def mig_binding_conditions(driver_name: str) -> slices.BindingConditions:
     return slices.BindingConditions(
         ready=(f"{driver_name}/{MIG_CREATED}",), failed=(f"{driver_name}/{MIG_FAILED}",)
     )
-
-
-MIG_CREATED = "mig-created"
-MIG_FAILED = "mig-failed"
 
 
 def binding_of(
