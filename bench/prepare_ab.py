@@ -1,7 +1,8 @@
 """Before and after on one machine at one time: the plugin's CPU per prepare + unprepare cycle,
 for two (or more) source trees of dra-gpu run side by side.
 
-Usage: ``.venv/bin/python bench/prepare_ab.py TREE [TREE ...] [--blocks N] [--cycles C]``
+Usage: ``.venv/bin/python bench/prepare_ab.py TREE [TREE ...] [--blocks N] [--cycles C]
+[--bursts R]``
 (e.g. ``bench/prepare_ab.py /work/wt-before .`` with a worktree of the commit before).
 
 ``bench/reference.py`` run once per commit compares runs made minutes apart, and on a shared
@@ -11,7 +12,8 @@ whose claims ask for one GPU each, allocated by the real scheduler), and the blo
 sequential cycles alternate between them (the order reversed every block), so each tree meets
 the same load. Per tree: the median over the N blocks of the plugin's CPU (user + system, all
 threads, from ``/proc``) per cycle, split into user and system, the context switches per cycle,
-and the ratio to the first tree.
+and the ratio to the first tree. ``--bursts R``: after each block, R rounds of 64 prepares sent
+at once (``bench/prepare.at_once``), the median claims/s per tree.
 
 Each plugin runs the tree's own ``dra_gpu``, with the working directory outside every tree:
 ``python -m`` puts the working directory first on ``sys.path``, so a run started inside a tree
@@ -40,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 
 from bench.plugin_startup import SliceWatch  # noqa: E402
-from bench.prepare import make_claims  # noqa: E402
+from bench.prepare import at_once, make_claims  # noqa: E402
 from bench.reference import DEVICES, PROFILE, cpu_seconds  # noqa: E402
 from dra_gpu import DRIVER_NAME  # noqa: E402
 from dra_gpu.controller import classes  # noqa: E402
@@ -64,6 +66,8 @@ class Subject:
     user_ms: list[float] = field(default_factory=list)
     system_ms: list[float] = field(default_factory=list)
     switches: list[float] = field(default_factory=list)
+    burst_rates: list[float] = field(default_factory=list)
+    socket: Path = Path()
 
 
 def times(pid: int) -> tuple[float, float]:
@@ -106,7 +110,10 @@ def start(
     watch = SliceWatch(api, node, driver=DRIVER_NAME, devices=DEVICES)
     thread = watch.start(watch.clear())
     log = root / "plugin.log"
-    proc = procs.spawn(tree_argv(tree, argv), log_path=log, env={"PATH": "/usr/bin:/bin"})
+    env = {"PATH": "/usr/bin:/bin"}
+    if "PYTHONPATH" in os.environ:  # where it carries the dependencies (a staged GPU machine)
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    proc = procs.spawn(tree_argv(tree, argv), log_path=log, env=env)
     stack.callback(procs.stop, proc, grace_s=10)
     deadline = time.monotonic() + WAIT_S
     while watch.wait(0.2) is None:
@@ -114,8 +121,9 @@ def start(
             raise RuntimeError(f"{tree}: no slices; log:\n{log.read_text()[-3000:]}")
     thread.join(5)
     claims = make_claims(cluster, node, classes.GPU_CLASS)
-    channel = stack.enter_context(grpc.insecure_channel(f"unix://{dirs.data / 'dra.sock'}"))
-    return Subject(tree, proc, dra_v1_pb2_grpc.DRAPluginStub(channel), claims)
+    socket = dirs.data / "dra.sock"
+    channel = stack.enter_context(grpc.insecure_channel(f"unix://{socket}"))
+    return Subject(tree, proc, dra_v1_pb2_grpc.DRAPluginStub(channel), claims, socket=socket)
 
 
 def block(subject: Subject, cycles: int) -> None:
@@ -137,6 +145,7 @@ def main() -> int:
     parser.add_argument("trees", nargs="+", type=Path, help="dra-gpu source trees")
     parser.add_argument("--blocks", type=int, default=8, help="blocks per tree")
     parser.add_argument("--cycles", type=int, default=150, help="sequential cycles per block")
+    parser.add_argument("--bursts", type=int, default=0, help="64-at-once rounds per block")
     args = parser.parse_args()
     trees = [t.resolve() for t in args.trees]
     for tree in trees:
@@ -163,6 +172,9 @@ def main() -> int:
         for n in range(args.blocks):
             for subject in subjects if n % 2 == 0 else subjects[::-1]:
                 block(subject, args.cycles)
+                subject.burst_rates += [
+                    at_once(subject.socket, subject.claims) for _ in range(args.bursts)
+                ]
         loads.append(os.getloadavg()[0])
         api.close()
     print(
@@ -170,14 +182,18 @@ def main() -> int:
         f"(1 min) {loads[0]:.2f} at the start, {loads[1]:.2f} at the end, on {os.cpu_count()} CPUs"
     )
     base = statistics.median(subjects[0].cpu_ms)
-    print("| tree | CPU per cycle ms (median) | user / system ms | ratio | switches per cycle |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| tree | CPU per cycle ms (median) | user / system ms | ratio | switches per cycle "
+        "| 64 at once, claims/s (median) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for s in subjects:
         cpu = statistics.median(s.cpu_ms)
         print(
             f"| {s.tree} | {cpu:.3f} | {statistics.median(s.user_ms):.3f} / "
             f"{statistics.median(s.system_ms):.3f} | {cpu / base:.3f} | "
-            f"{statistics.median(s.switches):.1f} |"
+            f"{statistics.median(s.switches):.1f} | "
+            + (f"{statistics.median(s.burst_rates):.0f} |" if s.burst_rates else "- |")
         )
     for s in subjects:
         print(f"{s.tree} blocks: " + " ".join(f"{x:.2f}" for x in s.cpu_ms))
