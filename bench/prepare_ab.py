@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
 
-from bench.plugin_startup import SliceWatch  # noqa: E402
+from bench.plugin_startup import SliceWatch, rss_mib  # noqa: E402
 from bench.prepare import at_once, make_claims  # noqa: E402
 from bench.reference import DEVICES, PROFILE, cpu_seconds  # noqa: E402
 from dra_gpu import DRIVER_NAME  # noqa: E402
@@ -67,6 +67,7 @@ class Subject:
     system_ms: list[float] = field(default_factory=list)
     switches: list[float] = field(default_factory=list)
     burst_rates: list[float] = field(default_factory=list)
+    rss: float = 0.0  # MiB, after the last block
     socket: Path = Path()
 
 
@@ -175,6 +176,8 @@ def main() -> int:
                 subject.burst_rates += [
                     at_once(subject.socket, subject.claims) for _ in range(args.bursts)
                 ]
+        for subject in subjects:
+            subject.rss = rss_mib(subject.proc.pid)
         loads.append(os.getloadavg()[0])
         api.close()
     print(
@@ -184,9 +187,9 @@ def main() -> int:
     base = statistics.median(subjects[0].cpu_ms)
     print(
         "| tree | CPU per cycle ms (median) | user / system ms | ratio | switches per cycle "
-        "| 64 at once, claims/s (median) |"
+        "| 64 at once, claims/s (median) | RSS after, MiB |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for s in subjects:
         cpu = statistics.median(s.cpu_ms)
         print(
@@ -194,6 +197,7 @@ def main() -> int:
             f"{statistics.median(s.system_ms):.3f} | {cpu / base:.3f} | "
             f"{statistics.median(s.switches):.1f} | "
             + (f"{statistics.median(s.burst_rates):.0f} |" if s.burst_rates else "- |")
+            + f" {s.rss:.1f} |"
         )
     for s in subjects:
         print(f"{s.tree} blocks: " + " ".join(f"{x:.2f}" for x in s.cpu_ms))
