@@ -17,6 +17,16 @@ nominates the pod, and the pod does not change then), plus the claims the ledger
 devices for that are not prepared yet (until prepared or deallocated). A node with no pod
 nominated to it and nothing made ahead sends nothing but its one watch.
 
+**Starting with a fleet.** A DaemonSet's plugins start together (a rollout, an API server
+back after an outage), and at 1,000 nodes the first requests of all of them at once timed out
+in their TLS handshakes, each retry on a new connection (docs/development/scale.md). So the
+watch thread lists only once the node's slices are published (``slices_published``, the
+publisher's ``wait_synced``): on a first start no pod can be nominated here before, on a
+restart the publisher's first pass is a list away, and the binder's list then goes over the
+connection the publisher opened instead of one more of its own. The list asks for ``resourceVersion=0``, as informers list: the API server
+answers from its watch cache, without a read from etcd, and the watch goes on from the
+version it returned. After an expired watch (410 Gone) the list is a consistent one.
+
 **Settled claims are not read again.** Once a claim's condition is reported (or it is
 prepared, or allocated without waiting for this node), nothing is left to do until the
 scheduler acts: it binds the pod (up to 5 s later: it reads the conditions every 5 s), or it
@@ -83,6 +93,7 @@ POLL_S: Final = 1.0  # while claims are pending; the scheduler looks every 5 s
 SETTLED_S: Final = 30.0
 IDLE_S: Final = 1.0  # with nothing pending: a look at the ledger only (no API request)
 MAX_WATCH_BACKOFF_S: Final = 30.0
+PUBLISHED_WAIT_S: Final = 1.0  # each wait for the slices to be published, between looks at stop
 
 
 class ClaimLocks(Protocol):
@@ -115,8 +126,11 @@ class MigBinder:
         on_refused: Callable[[Mapping[str, list[dict[str, str]]]], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         draw: Callable[[], float] = random.random,
+        slices_published: Callable[[float], bool] = lambda _timeout: True,
     ) -> None:
-        """``draw``: the random source of the watch's retry pauses (uniform in 0..1)."""
+        """``draw``: the random source of the watch's retry pauses (uniform in 0..1).
+        ``slices_published``: waits up to that many seconds for the node's slices to be published,
+        True once they were (the publisher's ``wait_synced``); the pods are listed after."""
         self._client, self._driver, self._node = client, driver, node
         self._mig, self._inventory, self._claims = mig, inventory, claims
         self._clock, self._poll_s = clock, poll_s
@@ -137,6 +151,7 @@ class MigBinder:
         self._settled: dict[tuple[str, str], float] = {}
         self._dirty = False
         self._on_refused, self._monotonic, self._draw = on_refused, monotonic, draw
+        self._slices_published = slices_published
 
     # --- threads ---------------------------------------------------------------------------
 
@@ -161,15 +176,21 @@ class MigBinder:
             self._wake.clear()
 
     def _watch_pods(self, stop: threading.Event) -> None:
+        while not stop.is_set() and not self._slices_published(PUBLISHED_WAIT_S):
+            pass  # the node's slices first (the module docstring says why)
         query = {"fieldSelector": f"status.nominatedNodeName={self._node}"}
         version: str | None = None
+        consistent = False  # after an expired watch: not from the cache (it may be behind)
         failures = 0
         while not stop.is_set():
             try:
                 if version is None:
-                    listed = self._client.request("GET", PODS_PATH, query=query)
+                    listed = self._client.request(
+                        "GET", PODS_PATH, query=list_query(query, consistent=consistent)
+                    )
                     self.set_pods(listed.get("items") or [])
                     version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+                    consistent = False
                 watch = {**query, "resourceVersion": version, "allowWatchBookmarks": "true"}
                 for event in self._client.watch(PODS_PATH, query=watch, stop=stop):
                     pod = event.get("object") or {}
@@ -178,7 +199,7 @@ class MigBinder:
                         self.pod_event(str(event.get("type")), pod)
                 failures = 0
             except errors.Gone:
-                version = None  # expired: list again
+                version, consistent = None, True  # expired: list again, from etcd
             except errors.ApiError as err:
                 failures += 1
                 # At random below a doubling ceiling: the binders of a fleet fail together when
@@ -392,6 +413,12 @@ class MigBinder:
 
 # In ``_changed``: the pods were listed again, every claim is read.
 _EVERY: Final = ("", "")
+
+
+def list_query(query: Mapping[str, str], *, consistent: bool) -> dict[str, str]:
+    """The pods' list: from the API server's watch cache (``resourceVersion=0``), or, when
+    ``consistent``, as etcd has them now (no ``resourceVersion``)."""
+    return dict(query) if consistent else {**query, "resourceVersion": "0"}
 
 
 def _pending(pod: Mapping[str, Any]) -> tuple[str, tuple[str, tuple[str, ...]]] | None:
