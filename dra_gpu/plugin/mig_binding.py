@@ -18,14 +18,15 @@ devices for that are not prepared yet (until prepared or deallocated). A node wi
 nominated to it and nothing made ahead sends nothing but its one watch.
 
 **Starting with a fleet.** A DaemonSet's plugins start together (a rollout, an API server
-back after an outage), and at 1,000 nodes the first requests of all of them at once timed out
-in their TLS handshakes, each retry on a new connection (docs/development/scale.md). So the
-watch thread lists only once the node's slices are published (``slices_published``, the
-publisher's ``wait_synced``): on a first start no pod can be nominated here before, on a
-restart the publisher's first pass is a list away, and the binder's list then goes over the
-connection the publisher opened instead of one more of its own. The list asks for ``resourceVersion=0``, as informers list: the API server
-answers from its watch cache, without a read from etcd, and the watch goes on from the
-version it returned. After an expired watch (410 Gone) the list is a consistent one.
+back after an outage). The watch thread lists only once the node's slices are published
+(``slices_published``, the publisher's ``wait_synced``): on a first start no pod can be
+nominated here before, and on a restart the publisher's first pass is one list away; so a
+starting plugin's requests come one after another, and the binder's list goes over the
+connection the publisher opened instead of one of its own. The list asks for
+``resourceVersion=0``, as informers list: the API server answers from its watch cache, without
+asking etcd for its current revision and waiting for the cache to reach it (under load up to
+3 s, then a list from etcd); the watch goes on from the version the list returned. After an
+expired watch (410 Gone) the list is a consistent one.
 
 **Settled claims are not read again.** Once a claim's condition is reported (or it is
 prepared, or allocated without waiting for this node), nothing is left to do until the
@@ -91,9 +92,13 @@ POLL_S: Final = 1.0  # while claims are pending; the scheduler looks every 5 s
 # A settled claim (reported, or prepared) of a pod still nominated here is read again after
 # this long even without an event of its pod: a missed event costs this much at most.
 SETTLED_S: Final = 30.0
-IDLE_S: Final = 1.0  # with nothing pending: a look at the ledger only (no API request)
+# With nothing pending (no pod nominated here, nothing made ahead) only a pod event, which wakes
+# the thread, brings work; the look at the ledger between (no API request) is a safety net and
+# lets a refused placement's taint expire. A fleet's 1,000 binders in the benchmark's two
+# processes woke a thousand times a second for nothing at 1 s (docs/development/scale.md).
+IDLE_S: Final = 10.0
 MAX_WATCH_BACKOFF_S: Final = 30.0
-PUBLISHED_WAIT_S: Final = 1.0  # each wait for the slices to be published, between looks at stop
+PUBLISHED_WAIT_S: Final = 5.0  # each wait for the slices to be published, between looks at stop
 
 
 class ClaimLocks(Protocol):
