@@ -204,7 +204,7 @@ class MigBinder:
                         self.pod_event(str(event.get("type")), pod)
                 failures = 0
             except errors.Gone:
-                version, consistent = None, True  # expired: list again, from etcd
+                version, consistent = None, True  # expired: list again, consistently
             except errors.ApiError as err:
                 failures += 1
                 # At random below a doubling ceiling: the binders of a fleet fail together when
