@@ -215,9 +215,15 @@ class Fleet:
                 )
             )
             if self._state is not None:
-                self.binders.append(self._binder(layout, node, client))
+                self.binders.append(self._binder(layout, node, client, self.publishers[-1]))
 
-    def _binder(self, layout: scale_layouts.Layout, node: str, client: KubeClient) -> MigBinder:
+    def _binder(
+        self,
+        layout: scale_layouts.Layout,
+        node: str,
+        client: KubeClient,
+        pub: publisher.Publisher,
+    ) -> MigBinder:
         assert self._state is not None
         state_dir = self._state / node
         instances = SimulatedInstances(state_dir / SIMULATED_STATE_NAME, node_name=node)
@@ -230,6 +236,7 @@ class Fleet:
             mig=mig,
             inventory=lambda: devices,
             claims=MadeIsPrepared(mig),
+            slices_published=pub.wait_synced,  # as the plugin wires it (plugin.lifecycle)
         )
 
     def go(self, timeout_s: float) -> list[float]:

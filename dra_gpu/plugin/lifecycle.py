@@ -248,6 +248,9 @@ class KubeletPlugin:
                 inventory=self._devices.by_name,
                 claims=state,
                 on_refused=self._monitor.set_other_taints,  # the refused placement tainted
+                # Its pods listed once the node's slices are published: a fleet starting
+                # together opens fewer connections at once (docs/development/scale.md).
+                slices_published=self._plugin.publisher.wait_synced,
             )
         # Written after the answer, by its own thread: the claims' status.devices.
         self._status = claim_status.ClaimStatusWriter(

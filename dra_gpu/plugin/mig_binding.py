@@ -17,6 +17,17 @@ nominates the pod, and the pod does not change then), plus the claims the ledger
 devices for that are not prepared yet (until prepared or deallocated). A node with no pod
 nominated to it and nothing made ahead sends nothing but its one watch.
 
+**Starting with a fleet.** A DaemonSet's plugins start together (a rollout, an API server
+back after an outage). The watch thread lists only once the node's slices are published
+(``slices_published``, the publisher's ``wait_synced``): on a first start no pod can be
+nominated here before, and on a restart the publisher's first pass is one list away; so a
+starting plugin's requests come one after another, and the binder's list goes over the
+connection the publisher opened instead of one of its own. The list asks for
+``resourceVersion=0``, as informers list: the API server answers from its watch cache, without
+asking etcd for its current revision and waiting for the cache to reach it (under load up to
+3 s, then a list from etcd); the watch goes on from the version the list returned. After an
+expired watch (410 Gone) the list is a consistent one.
+
 **Settled claims are not read again.** Once a claim's condition is reported (or it is
 prepared, or allocated without waiting for this node), nothing is left to do until the
 scheduler acts: it binds the pod (up to 5 s later: it reads the conditions every 5 s), or it
@@ -81,8 +92,13 @@ POLL_S: Final = 1.0  # while claims are pending; the scheduler looks every 5 s
 # A settled claim (reported, or prepared) of a pod still nominated here is read again after
 # this long even without an event of its pod: a missed event costs this much at most.
 SETTLED_S: Final = 30.0
-IDLE_S: Final = 1.0  # with nothing pending: a look at the ledger only (no API request)
+# With nothing pending (no pod nominated here, nothing made ahead) only a pod event, which wakes
+# the thread, brings work; the look at the ledger between (no API request) is a safety net and
+# lets a refused placement's taint expire. A fleet's 1,000 binders in the benchmark's two
+# processes woke a thousand times a second for nothing at 1 s (docs/development/scale.md).
+IDLE_S: Final = 10.0
 MAX_WATCH_BACKOFF_S: Final = 30.0
+PUBLISHED_WAIT_S: Final = 5.0  # each wait for the slices to be published, between looks at stop
 
 
 class ClaimLocks(Protocol):
@@ -115,8 +131,11 @@ class MigBinder:
         on_refused: Callable[[Mapping[str, list[dict[str, str]]]], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         draw: Callable[[], float] = random.random,
+        slices_published: Callable[[float], bool] = lambda _timeout: True,
     ) -> None:
-        """``draw``: the random source of the watch's retry pauses (uniform in 0..1)."""
+        """``draw``: the random source of the watch's retry pauses (uniform in 0..1).
+        ``slices_published``: waits up to that many seconds for the node's slices to be published,
+        True once they were (the publisher's ``wait_synced``); the pods are listed after."""
         self._client, self._driver, self._node = client, driver, node
         self._mig, self._inventory, self._claims = mig, inventory, claims
         self._clock, self._poll_s = clock, poll_s
@@ -137,6 +156,7 @@ class MigBinder:
         self._settled: dict[tuple[str, str], float] = {}
         self._dirty = False
         self._on_refused, self._monotonic, self._draw = on_refused, monotonic, draw
+        self._slices_published = slices_published
 
     # --- threads ---------------------------------------------------------------------------
 
@@ -161,15 +181,21 @@ class MigBinder:
             self._wake.clear()
 
     def _watch_pods(self, stop: threading.Event) -> None:
+        while not stop.is_set() and not self._slices_published(PUBLISHED_WAIT_S):
+            pass  # the node's slices first (the module docstring says why)
         query = {"fieldSelector": f"status.nominatedNodeName={self._node}"}
         version: str | None = None
+        consistent = False  # after an expired watch: not from the cache (it may be behind)
         failures = 0
         while not stop.is_set():
             try:
                 if version is None:
-                    listed = self._client.request("GET", PODS_PATH, query=query)
+                    listed = self._client.request(
+                        "GET", PODS_PATH, query=list_query(query, consistent=consistent)
+                    )
                     self.set_pods(listed.get("items") or [])
                     version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+                    consistent = False
                 watch = {**query, "resourceVersion": version, "allowWatchBookmarks": "true"}
                 for event in self._client.watch(PODS_PATH, query=watch, stop=stop):
                     pod = event.get("object") or {}
@@ -178,7 +204,7 @@ class MigBinder:
                         self.pod_event(str(event.get("type")), pod)
                 failures = 0
             except errors.Gone:
-                version = None  # expired: list again
+                version, consistent = None, True  # expired: list again, consistently
             except errors.ApiError as err:
                 failures += 1
                 # At random below a doubling ceiling: the binders of a fleet fail together when
@@ -392,6 +418,12 @@ class MigBinder:
 
 # In ``_changed``: the pods were listed again, every claim is read.
 _EVERY: Final = ("", "")
+
+
+def list_query(query: Mapping[str, str], *, consistent: bool) -> dict[str, str]:
+    """The pods' list: from the API server's watch cache (``resourceVersion=0``), or, when
+    ``consistent``, as etcd has them now (no ``resourceVersion``)."""
+    return dict(query) if consistent else {**query, "resourceVersion": "0"}
 
 
 def _pending(pod: Mapping[str, Any]) -> tuple[str, tuple[str, tuple[str, ...]]] | None:

@@ -552,3 +552,67 @@ def test_binders_failing_together_spread_their_retries(tmp_path: Path) -> None:
     # After the first (0.2 s for all), the pauses spread below a doubling ceiling.
     assert all(a < b for a, b in zip(low[1:], high[1:], strict=True))
     assert high == sorted(high) and high[-1] <= mig_binding.MAX_WATCH_BACKOFF_S
+
+
+class PodsApi(KubeClient):
+    """The pods' list and watch as the API server answers them, in order: each list returns
+    the pods at resourceVersion ``"7"``; each watch ends with the next of ``watch_errors`` (an
+    expired resourceVersion, an overloaded server). Records what was asked, when."""
+
+    def __init__(self, log: list[str], watch_errors: list[errors.ApiError]) -> None:
+        self.log = log  # not connected to anything
+        self.lists: list[dict[str, str]] = []
+        self._watch_errors = watch_errors
+
+    def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        assert (method, path) == ("GET", mig_binding.PODS_PATH)
+        self.log.append("list")
+        self.lists.append(dict(kwargs["query"]))
+        return {"metadata": {"resourceVersion": "7"}, "items": []}
+
+    def watch(self, path: str, **kwargs: Any) -> Any:
+        self.log.append("watch")
+        raise self._watch_errors.pop(0)
+
+
+def binder_over(node: Binding, api: KubeClient, published: Any = None) -> mig_binding.MigBinder:
+    return mig_binding.MigBinder(
+        api,
+        driver=DRIVER,
+        node=NODE,
+        mig=node.mig,
+        inventory=lambda: node.node.devices,
+        claims=node.state,
+        draw=lambda: 0.0,
+        **({} if published is None else {"slices_published": published}),
+    )
+
+
+def test_the_pods_are_listed_once_the_nodes_slices_are_published(tmp_path: Path) -> None:
+    log: list[str] = []
+
+    def published(timeout: float) -> bool:  # the publisher's wait_synced
+        log.append("published?")
+        return log.count("published?") == 3
+
+    api = PodsApi(log, [errors.ApiUnavailable("read timed out", request="watch")])
+    binder_over(Binding(tmp_path), api, published)._watch_pods(Pauses(1))
+    # Nothing is asked of the API server until the slices are published; then one list.
+    assert log == ["published?", "published?", "published?", "list", "watch"]
+
+
+def test_the_pods_are_listed_from_the_cache_and_from_etcd_after_an_expired_watch(
+    tmp_path: Path,
+) -> None:
+    selector = f"status.nominatedNodeName={NODE}"
+    expired = errors.Gone("too old resource version", status=410, request="watch")
+    overloaded = errors.ApiUnavailable("read timed out", request="watch")
+    api = PodsApi([], [expired, overloaded, overloaded])
+    binder_over(Binding(tmp_path), api)._watch_pods(Pauses(2))
+    # Start: from the watch cache. After the 410: as etcd has them. After a failure: the
+    # cache again.
+    assert api.lists == [
+        {"fieldSelector": selector, "resourceVersion": "0"},
+        {"fieldSelector": selector},
+        {"fieldSelector": selector, "resourceVersion": "0"},
+    ]
