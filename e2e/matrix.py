@@ -12,8 +12,12 @@ Each cell's verdict (:func:`verdict`): ``passed``; ``FAILED``; ``refused`` only 
 lacks the feature for a known, named reason (:data:`e2e.suite.needs.KNOWN_GATES`: the skip names
 a feature gate of the table and the version is older than the first that serves it); any other
 cell that ran nothing (a skip for another reason, e.g. no root for the real nodes, or a scenario
-the report lacks) is ``NOT RUN``, with the reason. The exit status is non-zero on any FAILED or
-NOT RUN cell.
+the report lacks) is ``NOT RUN``, with the reason. The ``dynamic-mig-binding`` row passes only
+on the path the version's default gates give (:func:`binding_verdict`): the MIG device made
+before the pod binds where binding conditions are served (1.36 on), at prepare elsewhere; the
+test names its path in the JUnit report, and the notes under the table repeat it. The runs get
+each version's default gates (a ``DRA_GPU_FEATURE_GATES`` in the environment is dropped). The
+exit status is non-zero on any FAILED or NOT RUN cell.
 
 ``--docs FILE`` replaces the block between :data:`BEGIN` and :data:`END` in FILE with the table,
 the date, the commit and each version's recorded cold build time, so the docs keep the last
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e import binaries, procs
-from e2e.suite.needs import known_refusal
+from e2e.suite.needs import BINDING_CONDITIONS, known_refusal, serves
 
 VERSIONS = ("v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2")
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,11 +49,17 @@ SUITE_TEST = "tests/node/test_scenarios.py"
 # Run beside the suite: dynamic MIG on a third real node, where the binding differs by version
 # (binding conditions from 1.36; partitionable devices, which it needs, from 1.36 as well).
 NODE_TESTS = "tests/node/test_dynamic_mig_node.py"
+BINDING_TEST = "test_made_before_the_pod_binds_where_served_at_prepare_elsewhere"
 # The table's rows for NODE_TESTS' tests (test name -> row), after the scenarios.
 NODE_CASES: Mapping[str, str] = {
-    "test_made_before_the_pod_binds_where_served_at_prepare_elsewhere": "dynamic-mig-binding",
+    BINDING_TEST: "dynamic-mig-binding",
     "test_pods_get_created_mig_devices_through_the_kubelet": "dynamic-mig-through-the-kubelet",
 }
+# The JUnit property (pytest's record_property) in which the dynamic-mig-binding test says which
+# path made the MIG device; each is a pass only on the versions whose default gates give it.
+BINDING_PROPERTY = "dynamic-mig-binding"
+MADE_BEFORE_BINDING = "before the pod binds (binding conditions)"
+MADE_AT_PREPARE = "at prepare, after the pod binds (binding conditions not served)"
 BEGIN = "<!-- matrix:begin -->"
 END = "<!-- matrix:end -->"
 PASSED, FAILED, REFUSED, NOT_RUN = "passed", "FAILED", "refused", "NOT RUN"
@@ -93,6 +103,30 @@ def skip_verdict(version: str, message: str) -> Outcome:
     return Outcome(NOT_RUN, f"skipped: {reason or '(no reason given)'}")
 
 
+def binding_verdict(version: str, path: str) -> Outcome:
+    """A passed dynamic-mig-binding test on ``version`` whose MIG device was made on ``path``
+    (its :data:`BINDING_PROPERTY`): passed where that is the path this version's default gates
+    give (binding conditions from :data:`~e2e.suite.needs.BINDING_CONDITIONS` on, at prepare
+    before), else FAILED: a version that serves binding conditions and did not use them, or
+    the reverse, is not what the driver promises."""
+    expected = MADE_BEFORE_BINDING if serves(version, BINDING_CONDITIONS) else MADE_AT_PREPARE
+    if path == expected:
+        return Outcome(PASSED, f"MIG device made {path}")
+    return Outcome(
+        FAILED,
+        f"MIG device made {path or '(path not reported)'}; {version} with its default gates "
+        f"should have made it {expected} (feature gate {BINDING_CONDITIONS.name})",
+    )
+
+
+def _properties(case: ET.Element) -> dict[str, str]:
+    return {
+        p.get("name", ""): p.get("value", "")
+        for props in case.iter("properties")
+        for p in props.iter("property")
+    }
+
+
 def parse_junit(text: str, version: str) -> dict[str, Outcome]:
     """Scenario -> outcome from a pytest JUnit report of ``test_scenarios.py`` run on
     ``version``."""
@@ -107,6 +141,9 @@ def parse_junit(text: str, version: str) -> dict[str, Outcome]:
             outcomes[_scenario_of(case)] = Outcome(FAILED, first[0] if first else "")
         elif skipped is not None:
             outcomes[_scenario_of(case)] = skip_verdict(version, skipped.get("message") or "")
+        elif _scenario_of(case) == NODE_CASES[BINDING_TEST]:
+            path = _properties(case).get(BINDING_PROPERTY, "")
+            outcomes[_scenario_of(case)] = binding_verdict(version, path)
         else:
             outcomes[_scenario_of(case)] = Outcome(PASSED)
     return outcomes
@@ -143,12 +180,13 @@ def table(results: Results, scenarios: Sequence[str]) -> str:
 
 
 def notes(results: Results) -> list[str]:
-    """One line per cell that did not pass: version, scenario, why."""
+    """One line per cell that did not pass, or passed with something to say (the
+    dynamic-mig-binding row's path): version, scenario, why."""
     return [
         f"- {version} {scenario}: {outcome.status}: {outcome.detail}"
         for version, per in results.items()
         for scenario, outcome in per.items()
-        if outcome.status != PASSED
+        if outcome.status != PASSED or outcome.detail
     ]
 
 
@@ -222,12 +260,20 @@ def run_version(version: str, out: Path) -> dict[str, Outcome]:
         SUITE_TEST,
         NODE_TESTS,
         f"--junitxml={junit}",
+        # xunit1: the family that keeps a test's record_property (BINDING_PROPERTY).
+        "-o",
+        "junit_family=xunit1",
         "-p",
         "no:cacheprovider",
     ]
     # CI=true would fail the run on the suite's refusals (tests/ci_skips.py); here every skip
     # gets its verdict from this module instead.
-    env = {k: v for k, v in os.environ.items() if k != "CI"} | {"DRA_GPU_K8S_VERSION": version}
+    # DRA_GPU_FEATURE_GATES too: the table is of each version's default gates, which is what
+    # the verdicts (known refusals, the dynamic-mig-binding path) expect.
+    dropped = {"CI", "DRA_GPU_FEATURE_GATES"}
+    env = {k: v for k, v in os.environ.items() if k not in dropped} | {
+        "DRA_GPU_K8S_VERSION": version
+    }
     started = time.monotonic()
     with open(out / "pytest.log", "w") as log:
         # Interrupted, pytest gets the time to take its real nodes down.

@@ -53,6 +53,12 @@ KNOWN_GATES: Mapping[str, Gate] = {
         Gate("DRAPartitionableDevices", (1, 36), "ResourceSlice sharedCounters (dynamic MIG)"),
     )
 }
+# Not a refusal: dynamic MIG runs either way; where a version serves device binding conditions
+# with its default gates, the MIG device is made before the pod binds, elsewhere at prepare
+# (the dynamic-MIG node's ``dynamic-mig-binding`` row checks which).
+BINDING_CONDITIONS = Gate(
+    "DRADeviceBindingConditions", (1, 36), "device binding conditions (MIG made before binding)"
+)
 _GATE_IN_REASON = re.compile(r"feature gate (\w+)")
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.\d+)?")
 
@@ -72,6 +78,14 @@ def known_refusal(version: str, reason: str) -> Gate | None:
     if gate is None or minor is None or minor >= gate.served_from:
         return None
     return gate
+
+
+def serves(version: str, gate: Gate) -> bool:
+    """Whether ``version`` (e.g. ``v1.36.3``) serves ``gate``'s feature with its default gates."""
+    minor = _minor(version)
+    if minor is None:
+        raise ValueError(f"{version!r} is not a Kubernetes version")
+    return minor >= gate.served_from
 
 
 def server_version(kube: Kube) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from dra_gpu.mig.dynamic import SIMULATED_STATE_NAME
 from e2e import mig_manifests
 from e2e.cluster import Cluster
 from e2e.driver import PluginProcess
+from e2e.matrix import BINDING_PROPERTY, MADE_AT_PREPARE, MADE_BEFORE_BINDING
 from e2e.node.kubelet_node import Node
 from e2e.suite.kube import Kube, wait_for
 
@@ -157,7 +158,7 @@ def _utc(text: str) -> datetime.datetime:
 
 
 def test_made_before_the_pod_binds_where_served_at_prepare_elsewhere(
-    cluster: Cluster, kube: Kube, dyn: DynamicNode
+    cluster: Cluster, kube: Kube, dyn: DynamicNode, record_property: Callable[[str, object], None]
 ) -> None:
     create(kube, "bind", "1g.10gb")
     pod = wait_for("bind running", lambda: running(kube, "bind"), timeout=WAIT_S)
@@ -193,9 +194,12 @@ def test_made_before_the_pod_binds_where_served_at_prepare_elsewhere(
         )
         print(f"pod events: {reasons}")
         assert said == 0
+        # Which path ran, in the JUnit report: make matrix checks it against the version.
+        record_property(BINDING_PROPERTY, MADE_BEFORE_BINDING)
     else:  # the old path: made at prepare, after the binding, and said once at start
         print(f"no binding conditions served; plugin said so {said} time(s)")
         assert made == [] and said == 1
+        record_property(BINDING_PROPERTY, MADE_AT_PREPARE)
     delete(cluster, kube, "bind")
     assert wait_for("the MIG device destroyed", lambda: dyn.instances() == [], timeout=WAIT_S)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import matrix
+from e2e import binaries, matrix, procs
 from e2e.matrix import FAILED, NOT_RUN, PASSED, REFUSED, Outcome
 from e2e.suite import needs
 from e2e.suite.scenarios import SCENARIOS
@@ -135,6 +135,14 @@ def test_docs_are_rewritten_only_from_a_green_run(
     assert doc.read_text() == before
     passed += "".join(f'<testcase name="{t}"/>' for t in matrix.NODE_CASES)
     junit.write_text(f"<testsuites><testsuite>{passed}</testsuite></testsuites>")
+    assert matrix.main(argv) == 1  # the binding row does not say which path made the device
+    assert doc.read_text() == before
+    path = f'<property name="{matrix.BINDING_PROPERTY}" value="{matrix.MADE_BEFORE_BINDING}"/>'
+    passed = passed.replace(
+        f'<testcase name="{matrix.BINDING_TEST}"/>',
+        f'<testcase name="{matrix.BINDING_TEST}"><properties>{path}</properties></testcase>',
+    )
+    junit.write_text(f"<testsuites><testsuite>{passed}</testsuite></testsuites>")
     assert matrix.main(argv) == 0
     rows = len(names) + len(matrix.NODE_CASES)
     assert f"**{rows} passed, 0 failed**" in doc.read_text()
@@ -205,3 +213,80 @@ def test_the_dynamic_mig_node_tests_are_rows_refused_where_the_plugin_refuses() 
     rows = list(matrix.NODE_CASES.values())
     assert rows == ["dynamic-mig-binding", "dynamic-mig-through-the-kubelet"]
     assert not set(rows) & {s.name for s in SCENARIOS}
+
+
+def _binding_junit(path: str | None) -> str:
+    prop = (
+        f'<properties><property name="{matrix.BINDING_PROPERTY}" value="{path}"/></properties>'
+        if path is not None
+        else ""
+    )
+    return f"""<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="1">
+<testcase classname="tests.node.test_dynamic_mig_node" name="{matrix.BINDING_TEST}">{prop}
+</testcase>
+</testsuite></testsuites>
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "path", "status"),
+    [
+        ("v1.36.3", matrix.MADE_BEFORE_BINDING, PASSED),
+        ("v1.37.2", matrix.MADE_BEFORE_BINDING, PASSED),
+        # 1.36+ serves binding conditions with its default gates: made at prepare is not the
+        # promise there, though the pod ran.
+        ("v1.36.3", matrix.MADE_AT_PREPARE, FAILED),
+        ("v1.35.4", matrix.MADE_AT_PREPARE, PASSED),  # the gate turned on for partitionable
+        ("v1.35.4", matrix.MADE_BEFORE_BINDING, FAILED),
+        ("v1.37.2", None, FAILED),  # a report that does not say which path ran shows nothing
+    ],
+)
+def test_the_dynamic_mig_binding_row_passes_only_on_the_path_the_version_gives(
+    version: str, path: str | None, status: str
+) -> None:
+    outcome = matrix.parse_junit(_binding_junit(path), version)["dynamic-mig-binding"]
+    assert outcome.status == status
+    if status == PASSED:
+        # The path is in the report's notes beside the table.
+        note = f"- {version} dynamic-mig-binding: passed: MIG device made {path}"
+        assert matrix.notes({version: {"dynamic-mig-binding": outcome}}) == [note]
+    else:
+        assert "DRADeviceBindingConditions" in outcome.detail
+
+
+def test_binding_conditions_are_served_from_1_36() -> None:
+    assert [needs.serves(v, needs.BINDING_CONDITIONS) for v in matrix.VERSIONS] == [
+        False,
+        False,
+        True,
+        True,
+    ]
+    with pytest.raises(ValueError, match="not a Kubernetes version"):
+        needs.serves("latest", needs.BINDING_CONDITIONS)
+
+
+def test_the_runs_get_the_default_feature_gates_and_keep_test_properties(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DRA_GPU_FEATURE_GATES left in the shell does not reach the suite: the verdicts expect
+    each version's default gates."""
+    seen: dict[str, str] = {}
+
+    argvs: list[list[str]] = []
+
+    def run_to_end(argv: list[str], *, env: dict[str, str], **kw: object) -> int:
+        seen.update(env)
+        argvs.append(argv)
+        return 0
+
+    monkeypatch.setattr(binaries, "ensure", lambda *a, **kw: {})
+    monkeypatch.setattr(procs, "run_to_end", run_to_end)
+    monkeypatch.setenv("DRA_GPU_FEATURE_GATES", "DRADeviceBindingConditions=false")
+    monkeypatch.setenv("CI", "true")
+    assert matrix.run_version("v1.36.3", tmp_path) == {}
+    assert seen["DRA_GPU_K8S_VERSION"] == "v1.36.3"
+    assert "DRA_GPU_FEATURE_GATES" not in seen and "CI" not in seen
+    # The JUnit family that keeps the binding row's record_property.
+    (argv,) = argvs
+    assert "junit_family=xunit1" in argv
