@@ -270,8 +270,12 @@ def test_pods_get_created_mig_devices_through_the_kubelet(
     dyn.plugin = dyn.new_plugin()
     dyn.plugin.start()
     wait_for("the crash pod running", lambda: running(kube, "crash"), timeout=WAIT_S)
+    # One MIG device left, the pod's: the orphan destroyed and made again, or, where the binder
+    # had recorded it for this claim before the kill (binding conditions), taken up again (seen
+    # under a loaded `make test`, 2026-12-07). Either way nothing is left behind.
     (made_again,) = dyn.instances()
     assert mig_uuid(kube, "crash") == made_again["uuid"]
-    assert "destroyed MIG device " + orphan in Path(dyn.plugin.log_path).read_text()
+    if made_again["uuid"] != orphan:
+        assert "destroyed MIG device " + orphan in Path(dyn.plugin.log_path).read_text()
     delete(cluster, kube, "crash")
     assert wait_for("no MIG device left", lambda: dyn.instances() == [], timeout=WAIT_S)

@@ -23,7 +23,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,9 +195,16 @@ def test_once_the_other_instance_waits_new_calls_go_in_after_it(tmp_path: Path) 
     threads = [threading.Thread(target=first)]
     threads[0].start()
     assert first_inside.wait(TIMEOUT_S)
+    before = set(threading.enumerate())
     threads.append(threading.Thread(target=other_instance))
     threads[1].start()
-    assert wait_until_held(call_lock.turnstile_path(path))  # it waits at the turnstile
+    # It waits at the turnstile once its taker thread holds it: its first, non-blocking try
+    # holds the turnstile for a moment too, and a look in that moment would see it held and
+    # then free (a test of this once failed so under a loaded `make test`).
+    assert wait_until(
+        lambda: any(t.name == "flock-taker" for t in set(threading.enumerate()) - before)
+    )
+    assert wait_until_held(call_lock.turnstile_path(path))
     threads.append(threading.Thread(target=second))
     threads[2].start()
     threads[2].join(0.3)
@@ -207,6 +214,16 @@ def test_once_the_other_instance_waits_new_calls_go_in_after_it(tmp_path: Path) 
         t.join(TIMEOUT_S)
     assert order == ["first", "other instance", "second"]
     assert lock.yielded == 1
+
+
+def wait_until(condition: Callable[[], bool]) -> bool:
+    """Whether ``condition`` holds within the bound (a thread this test started gets there)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not condition():  # a test's wait for another thread: polls, briefly
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def wait_until_held(path: Path) -> bool:
@@ -347,11 +364,12 @@ def test_a_wait_that_ran_out_leaves_the_release_to_the_taker_thread(
     tmp_path: Path, flocks: list[Flock]
 ) -> None:
     path = tmp_path / "checkpoint.lock"
+    before = set(threading.enumerate())  # not a taker another test left waiting
     with held_by_another_process(path) as pid:
         timeout = pytest.raises(atomicfile.LockTimeout, match=f"held by PID {pid}")
         with timeout, atomicfile.locked(path, timeout_s=0.1):
             pass
-        (taker,) = [t for t in threading.enumerate() if t.name == "flock-taker"]
+        (taker,) = [t for t in set(threading.enumerate()) - before if t.name == "flock-taker"]
         assert [(f.thread, f.op) for f in flocks] == [(threading.current_thread().name, "try")]
     taker.join(TIMEOUT_S)  # it took the lock once the holder let go, and let it go
     assert [(f.thread, f.op) for f in flocks[1:]] == [
