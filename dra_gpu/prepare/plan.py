@@ -206,7 +206,9 @@ def resolve_config(
     return normalized(default_gpu_config() if device.type == "gpu" else default_mig_device_config())
 
 
-def _claim_device(ref: ClaimRef, device: Device, config: DeviceConfig) -> ClaimDevice:
+def _claim_device(
+    ref: ClaimRef, device: Device, config: DeviceConfig, *, admin_access: bool
+) -> ClaimDevice:
     if device.uuid is None and device.partition is None:
         raise PlanError(f"claim {ref}: MIG device {device.name} does not exist on the GPU yet")
     mig = device.mig
@@ -220,6 +222,7 @@ def _claim_device(ref: ClaimRef, device: Device, config: DeviceConfig) -> ClaimD
         mig_profile=mig.profile if mig else device.partition.profile if device.partition else None,
         gi_id=mig.gi_id if mig else None,
         ci_id=mig.ci_id if mig else None,
+        admin_access=admin_access,
     )
 
 
@@ -264,14 +267,13 @@ def plan_claim(
             )
             continue
         share_id = result.get("shareID")
+        admin_access = bool(result.get("adminAccess"))
         by_device[name] = PlannedDevice(
             requests=(main_request(request),),
             pool=pool,
             share_id=str(share_id) if share_id else None,
-            admin_access=bool(result.get("adminAccess")),
-            cdi=replace(
-                _claim_device(ref, device, config), admin_access=bool(result.get("adminAccess"))
-            ),
+            admin_access=admin_access,
+            cdi=_claim_device(ref, device, config, admin_access=admin_access),
             consumed=_consumed(ref, result),
         )
     return ClaimPlan(ref=ref, devices=tuple(by_device.values()))
