@@ -48,6 +48,14 @@ WATCH_GRACE_S = 30.0
 MESSAGE_LIMIT = 4000
 
 
+def list_query(query: Mapping[str, str], *, consistent: bool = False) -> dict[str, str]:
+    """A list's query: from the API server's watch cache (``resourceVersion=0``, as informers
+    list: no wait for the cache to reach etcd's revision, no fallback to etcd, which cannot apply
+    a field selector), or, when ``consistent``, as etcd has the objects now (no
+    ``resourceVersion``: after a watch expired, the cache may be behind)."""
+    return dict(query) if consistent else {**query, "resourceVersion": "0"}
+
+
 @dataclass(frozen=True)
 class Reply:
     body: JSON

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 from urllib.parse import quote
 
-from dra_gpu.kube.client import KubeClient
+from dra_gpu.kube.client import KubeClient, list_query
 from dra_gpu.kube.objects import Node, ResourceSlice
 
 JSON = dict[str, Any]
@@ -43,8 +43,8 @@ class SliceApi:
         return str(node["metadata"]["uid"])
 
     def list_slices(self) -> list[ResourceSlice]:
-        query = {**self._selector, "resourceVersion": "0"}  # from the watch cache (see above)
-        listed = self._client.request("GET", SLICES_PATH, query=query)
+        # From the watch cache (see above).
+        listed = self._client.request("GET", SLICES_PATH, query=list_query(self._selector))
         # The API boundary: the listed items are taken to be ResourceSlices, unchecked.
         return cast("list[ResourceSlice]", list(listed.get("items") or []))
 

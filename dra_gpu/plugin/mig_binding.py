@@ -73,7 +73,7 @@ from typing import Any, Final, Protocol, cast
 
 from dra_gpu.devices.model import Device
 from dra_gpu.kube import errors
-from dra_gpu.kube.client import APPLY_PATCH, KubeClient
+from dra_gpu.kube.client import APPLY_PATCH, KubeClient, list_query
 from dra_gpu.kube.objects import ResourceClaim, claim_path
 from dra_gpu.kubeletplugin.claim_status import apply_body
 from dra_gpu.kubeletplugin.driver import ClaimRef
@@ -418,12 +418,6 @@ class MigBinder:
 
 # In ``_changed``: the pods were listed again, every claim is read.
 _EVERY: Final = ("", "")
-
-
-def list_query(query: Mapping[str, str], *, consistent: bool) -> dict[str, str]:
-    """The pods' list: from the API server's watch cache (``resourceVersion=0``), or, when
-    ``consistent``, as etcd has them now (no ``resourceVersion``)."""
-    return dict(query) if consistent else {**query, "resourceVersion": "0"}
 
 
 def _pending(pod: Mapping[str, Any]) -> tuple[str, tuple[str, tuple[str, ...]]] | None:
